@@ -83,6 +83,11 @@ class Code(IntEnum):
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
     CREDIT_LOCKED = 86  # a credit another node locked first (credit_lock, redeem: credit_locks.py)
+    # a validator's posted partial signatures (abci_app/mint_partials.py: `mint_partials`)
+    PARTIALS_INVALID = 87  # not one per blinded point, or not verifying under the signer's X_i
+    PARTIALS_REPLAYED = 88  # this validator's partials for that mint are on the chain already
+    MINT_SIGNING_CLOSED = 89  # partials for (or /credit_partials of) a mint past its signing
+    #                           deadline: refunded, never signed again
     # prices (abci_app/prices.py); 90+ to leave 86-89 to the credit modules
     PRICE_SHARD = 90  # set_price for a (model, shard) the node did not register
     REDEMPTION_OVER_PRICE = 91  # redeem of N credits with fewer than N x price committed positions
@@ -121,6 +126,8 @@ class Code(IntEnum):
     VALIDATOR_CHANGE_EXPIRED = 113  # an approval after the change's last epoch
     # commit-reveal (abci_app/commitments.py): only the staked pools commit
     NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)
+    # /credit_partials of a funded mint whose partials this validator has not posted yet
+    PARTIALS_NOT_POSTED = 114
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

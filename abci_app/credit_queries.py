@@ -13,6 +13,9 @@
                                      for them: returning buyers' (`buyer`: true) first, then new
                                      payers', by id within each lane
                     ?payer           a page of a payer's retained mints (funded or not), by id
+                    ?signing=true    a page of the funded mints still short of t posted partial
+                                     sets, by signing deadline (what each validator's watcher
+                                     signs: node/watcher/mint_signer.py)
                     ?after ?limit    both lists page: {mints, next}; `next` is the `after` of
                                      the next page, null on the last (1,000 a page at most)
 /credit_spent       ?id              {id, height, committed_height, locked_by}: the height whose
@@ -22,9 +25,13 @@
                                      (credit_locks.py) or null — what a node asks before it takes
                                      a credit as pay
 /credit_period      ?period          a key period's DKG run and key (period_queries.py)
+/mint_partials      ?mint            {mint, period, threshold, deadline, refunded_height,
+                                     committed_height, sets}: the partial signatures validators
+                                     posted for the mint (`mint_partials` tx, each set verified
+                                     by the chain), one {mint, validator, index, partials} per
+                                     validator by index: what a client combines (any t)
 
-A validator's partial signatures for a funded mint (`/credit_partials`) need its key share:
-threshold_queries.py.
+`/credit_partials` (one validator's own posted set, the older route): threshold_queries.py.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import period_queries, rules, schema
+from abci_app import credit_dkg, period_queries, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import (
     ACCOUNT,
@@ -93,6 +100,37 @@ def _credit_spent(state: State, params: dict[str, Any]) -> Any:
     }
 
 
+def _mint_partials(state: State, params: dict[str, Any]) -> Any:
+    record = _mint_record(state, params, "mint")
+    identifier = record["id"]
+    if "points" not in record:
+        raise QueryError(Code.NOT_FOUND, f"no threshold mint {identifier}")
+    sets = [
+        {
+            "mint": identifier,
+            "validator": key.split("/", 1)[1],
+            "index": posted["index"],
+            "partials": posted["partials"],
+        }
+        for key, posted in state.committed_items(
+            schema.MINT_PARTIALS, identifier + "/", identifier + "0"
+        )
+    ]
+    formed = credit_dkg.period_key(state, int(record["period"]))
+    return {
+        "mint": identifier,
+        "period": record["period"],
+        "threshold": None if formed is None else formed["threshold"],
+        "funded_height": record.get("funded_height"),
+        "deadline": record.get("deadline"),
+        "refunded_height": record.get("refunded_height"),
+        "committed_height": state.height,
+        "sets": sorted(sets, key=lambda one: one["index"]),
+    }
+
+
+# a cursor of `/mints?signing=true`: a deadline (20 digits) and a mint id (schema.signing_key)
+SIGNING_CURSOR = re.compile(r"[0-9]{20}/0x[0-9a-f]{64}\Z")
 # a cursor of `/mints?pending=true`: the lane and id of the last mint of a page (schema.py)
 PENDING_CURSOR = re.compile(r"[01]/0x[0-9a-f]{64}\Z")
 
@@ -138,9 +176,19 @@ def _mints(state: State, params: dict[str, Any]) -> Any:
             if brief is not None:
                 mints.append({**brief, "buyer": lane == schema.BUYER_LANE})
         return {"mints": mints, "next": cursor}
+    if bool_param(params, "signing"):
+        after = str_param(params, "after", SIGNING_CURSOR)
+        keys, cursor = _page(state, schema.MINT_SIGNING, "", "a", after, limit)
+        for key in keys:
+            brief = _brief(state, key.split("/", 1)[1])
+            if brief is not None:
+                mints.append(brief)
+        return {"mints": mints, "next": cursor}
     payer = str_param(params, "payer", ACCOUNT)
     if payer is None:
-        raise QueryError(Code.BAD_QUERY, "one of id, pending=true or payer is required")
+        raise QueryError(
+            Code.BAD_QUERY, "one of id, pending=true, signing=true or payer is required"
+        )
     payer = payer.lower()
     after = str_param(params, "after", HASH32)
     keys, cursor = _page(
@@ -163,4 +211,5 @@ CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/mints": _mints,
     "/credit_spent": _credit_spent,
     "/credit_period": period_queries.credit_period,
+    "/mint_partials": _mint_partials,
 }

@@ -29,9 +29,11 @@ key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, red
                                `cissue/<issue epoch>`.funded += count; `mbuyer/<payer>` = the
                                height (a returning buyer from then on); the payer counts among
                                the period's buyers (`credit_buyers`). A vote on a funded mint
-                               changes nothing. Each validator then signs the mint's one list
-                               with its share x_i when asked (`/credit_partials`,
-                               abci_app/threshold_queries.py).
+                               changes nothing. Funding opens the mint's signing until
+                               `deadline` = the height + genesis `credits.sign_blocks`: each
+                               validator's watcher posts its partial signatures over the one
+                               list (`mint_partials`, abci_app/mint_partials.py); fewer than t
+                               sets by then and the mint is refunded to its payer.
     credit_redeem{model, shard, credits[, assignments]}
                                a compute node, not LEFT, on a (model, shard) it registered,
                                or moved away from within the credits' window (left_shards.py;
@@ -317,13 +319,31 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     vouched = sorted({*record["vouched"], validator["address"]})
     power = sum(state.by_address[a]["power"] for a in vouched if a in state.by_address)
     funded = state.has_two_thirds(power)
+    if not funded:
+        state.put(schema.MINT, body.mint, {**record, "vouched": vouched})
+        return
+    # signable from now until its deadline: t posted partial sets by then, or refunded
+    # (mint_partials.py)
+    deadline = state.block_height + state.genesis.credit_sign_blocks
     state.put(
         schema.MINT,
         body.mint,
-        {**record, "vouched": vouched, "funded_height": state.block_height if funded else None},
+        {
+            **record,
+            "vouched": vouched,
+            "funded_height": state.block_height,
+            "deadline": deadline,
+            "signers": [],
+            "refunded_height": None,
+        },
     )
-    if not funded:
-        return
+    # what a refund pays, kept with the deadline itself (the record may be pruned before it)
+    refund = {"payer": record["payer"], "amount": record["amount"], "count": record["count"]}
+    state.put(
+        schema.MINT_SIGNING,
+        schema.signing_key(deadline, body.mint),
+        {**refund, "issue_epoch": record["issue_epoch"]},
+    )
     for lane in (schema.BUYER_LANE, schema.NEW_PAYER_LANE):
         if state.get(schema.MINT_UNFUNDED, f"{lane}/{body.mint}") is not None:
             state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")

@@ -12,6 +12,7 @@ from abci_app import (
     credits,
     gateway_bindings,
     liveness,
+    mint_partials,
     numerics,
     prices,
     ratifications,
@@ -28,7 +29,7 @@ from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
-from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint, MintPartials
 from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
@@ -87,6 +88,7 @@ HANDLERS: dict[str, Handler] = {
     WorkReport.TYPE: settlement.work_report,
     PayoutVote.TYPE: settlement.payout_vote,
     FundMint.TYPE: credits.fund_mint,
+    MintPartials.TYPE: mint_partials.mint_partials,
     SetPrice.TYPE: prices.set_price,
     CreditLock.TYPE: serving(credit_locks.credit_lock),
     GatewayBind.TYPE: gateway_bindings.gateway,

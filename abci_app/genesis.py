@@ -39,9 +39,13 @@
                                           #   and the anonymity set of its credits
                   "dkg_phase_blocks": 20,  # blocks of each DKG phase (deal, complaint,
                                           #   justify); 3 · this < key_period_blocks
-                  "holder_bound": false}  # true: a credit is locked or redeemed only with its
+                  "holder_bound": false,  # true: a credit is locked or redeemed only with its
                                           #   holder's assignment to the signer (issue 42;
                                           #   abci_app/credit_holders.py); false: as before
+                  "sign_blocks": 300}  # blocks after its funding a mint has to get t valid
+                                          #   posted partial sets (`mint_partials`); fewer by
+                                          #   then: its price is refunded to its payer
+                                          #   (abci_app/mint_partials.py)
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
 `credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
@@ -109,6 +113,12 @@ MAX_RELAY_BYTES = 1 << 40
 DEFAULT_KEY_PERIOD_BLOCKS = 86_400
 DEFAULT_DKG_PHASE_BLOCKS = 20
 MAX_KEY_PERIOD_BLOCKS = 10_000_000
+# The signing deadline of a funded mint (docs/credits.md "A paid mint gives credits or a refund"):
+# blocks after the funding block by which t validators' partial signatures must be posted on the
+# chain (`mint_partials`), or its price goes back to its payer. Each validator's watcher posts
+# its set within a pass or two (seconds); ~5 minutes at ~1 s blocks leaves room for restarts.
+DEFAULT_SIGN_BLOCKS = 300
+MAX_SIGN_BLOCKS = 1_000_000
 _CREDIT_KEYS = {
     "price_wei",
     "layer_tokens",
@@ -118,6 +128,7 @@ _CREDIT_KEYS = {
     "key_period_blocks",
     "dkg_phase_blocks",
     "holder_bound",
+    "sign_blocks",
 }
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 # Routable nodes a shard should have at least (issue 44): with one, a node that stalls leaves
@@ -215,6 +226,7 @@ class Genesis:
     credit_key_period_blocks: int = DEFAULT_KEY_PERIOD_BLOCKS  # blocks of one credit key period
     credit_dkg_phase_blocks: int = DEFAULT_DKG_PHASE_BLOCKS  # blocks of each DKG phase
     credit_holder_bound: bool = False  # locks and redemptions carry holders' assignments
+    credit_sign_blocks: int = DEFAULT_SIGN_BLOCKS  # blocks after funding to post t partial sets
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -308,7 +320,7 @@ class Genesis:
             raise ConfigError(
                 "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]"
                 "[, max_pending_mints][, relay_bytes][, key_period_blocks][, dkg_phase_blocks]"
-                "[, holder_bound]}"
+                "[, holder_bound][, sign_blocks]}"
             )
         holder_bound = (credits or {}).get("holder_bound", False)
         if not isinstance(holder_bound, bool):
@@ -369,6 +381,11 @@ class Genesis:
             credit_key_period_blocks=period_blocks,
             credit_dkg_phase_blocks=phase_blocks,
             credit_holder_bound=holder_bound,
+            credit_sign_blocks=(
+                _int(credits, "sign_blocks", DEFAULT_SIGN_BLOCKS, 1, MAX_SIGN_BLOCKS)
+                if credits is not None
+                else DEFAULT_SIGN_BLOCKS
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -444,6 +461,11 @@ class Genesis:
                             else {}
                         ),
                         **({"holder_bound": True} if self.credit_holder_bound else {}),
+                        **(
+                            {"sign_blocks": self.credit_sign_blocks}
+                            if self.credit_sign_blocks != DEFAULT_SIGN_BLOCKS
+                            else {}
+                        ),
                         "price_wei": str(self.credit_price_wei),
                     }
                 }

@@ -37,6 +37,7 @@ from abci_app import (
     credits,
     epochs,
     extensions,
+    mint_partials,
     numerics,
     registry,
     retention,
@@ -369,6 +370,7 @@ class StateMachine:
         retention.prune_expired(state, state.block_time)
         validator_set.switch(state, height)  # before the DKG: a run configured now gets the new set
         credit_dkg.end_block(state, height)
+        mint_partials.end_block(state, height)  # refunds first: the close pays this epoch's
         if height % state.genesis.epoch_length == 0:
             settlement.close(state, height)
             coverage.close(state, height // state.genesis.epoch_length)

@@ -169,6 +169,17 @@ CREDIT_PERIOD_BUYERS = "cbuyers"
 # validators sign its points with their key share when asked (/credit_partials), once funded;
 # pruned with its epoch while unfunded, with issue_epoch + credits.lifetime_epochs once funded
 MINT = "mint"
+# mpart/<mint id>/<validator address>: {index, partials [hex], height}: a validator's partial
+# signatures for a funded mint, verified when posted (mint_partials.py); pruned with the mint
+MINT_PARTIALS = "mpart"
+# msign/<deadline height, 20 digits>/<mint id>: {payer, amount, count, issue_epoch} for a funded
+# mint with fewer than t posted partial sets (what its refund pays, kept here: the record may be
+# pruned first); deleted when the t-th lands, or at the deadline's EndBlock (then refunded)
+MINT_SIGNING = "msign"
+# mrefund/<epoch>/<mint id>: {payer, amount}: a mint refunded in that epoch (fewer than t partial
+# sets by its deadline): paid to its payer in full by that epoch's close (settlement.py), moved
+# to the next epoch while the close cannot pay it in full; deleted once paid
+MINT_REFUND = "mrefund"
 # mpend/<lane>/<mint id>: 0 while the mint waits for its funding (the watchers' work list,
 # paged in key order): lane "0" when its payer had a funded mint before (`mbuyer/`: a paying
 # customer), "1" for a payer new to the chain, so no number of strangers' mints can list before
@@ -214,6 +225,10 @@ POOL_BALANCE = "balance"
 PRUNE_INDEX = "gc"
 # gcexp/<unix time, 20 digits>/<ns>/<key>: delete ns/key once block time is past that time
 EXPIRY_INDEX = "gcexp"
+
+
+def signing_key(deadline: int, mint: str) -> str:
+    return f"{deadline:020d}/{mint}"
 
 
 def epoch_key(epoch: int) -> str:

@@ -109,7 +109,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import gateway_bindings, node_payouts, relay_payouts, rules, schema
+from abci_app import gateway_bindings, mint_partials, node_payouts, relay_payouts, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -550,12 +550,19 @@ def close(state: State, height: int) -> None:
     due -= min(due, (nodes.forfeit + relays.forfeit) * (state.genesis.credit_price_wei or 0))
     pool = int(state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) or 0)
     purchases, revenue = _pending_units(state)
-    # the pool pays what this epoch is due, after this close's purchases: the relays' credits
-    # first, the nodes' at their price less the verifiers' cut, the verifiers the rest
+    # the pool pays, after this close's purchases: the refunds of unsigned mints first, each
+    # whole (mint_partials.py), then what this epoch is due: the relays' credits, the nodes' at
+    # their price less the verifiers' cut, the verifiers the rest
     available = pool + sum(u.amount for u in purchases)
-    amount = min(due, available) if nodes.credits or relays.credits else 0
-    relay_rows, node_rows = _direct_rows(relays, nodes, amount)
-    pages, direct = _plan_draw(escrow, purchases, revenue, amount, _merged(relay_rows, node_rows))
+    refunds = mint_partials.take_refunds(state, epoch)
+    paying = refunds[: mint_partials.payable(refunds, available)]
+    refunded = sum(amount for _, _, amount in paying)
+    refund_rows = _merged(tuple((payer, amount) for _, payer, amount in paying))
+    others = min(due, available - refunded) if nodes.credits or relays.credits else 0
+    amount = refunded + others
+    relay_rows, node_rows = _direct_rows(relays, nodes, others)
+    rows = _merged(refund_rows, relay_rows, node_rows)
+    pages, direct = _plan_draw(escrow, purchases, revenue, amount, rows)
     work = EpochWork(
         epoch=epoch,
         queries=(),
@@ -576,6 +583,10 @@ def close(state: State, height: int) -> None:
         node_payouts.carry_forward(state, epoch, nodes)
     if relays.credits and not (direct and relay_rows):
         relay_payouts.carry_forward(state, epoch, relays)
+    if not direct:
+        refunded = 0  # the draw is not on this close's pages: every refund waits, whole
+    mint_partials.carry_refunds(state, epoch, refunds[len(paying) if refunded else 0 :])
+    drawn = 0
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
             key = schema.query_key(unit.order[1], unit.gateway)
@@ -589,13 +600,14 @@ def close(state: State, height: int) -> None:
         for unit in page.charges:
             if unit.kind == "draw":
                 pool -= unit.amount
-                due -= unit.amount
+                drawn += unit.amount
                 continue
             if unit.kind == "purchase":
                 pool += unit.amount
             state.delete(schema.PENDING_CHARGE, schema.charge_key(*unit.order[1:]))
         _store_statement(state, epoch, index, len(pages), page, statement, height)
     state.put(schema.CREDIT_POOL, schema.POOL_BALANCE, str(pool))
+    due -= drawn - refunded  # the refunds were drawn besides what the epoch was due
     owe(state, epoch + 1, due)  # what this close did not pay: due to the next epoch
 
 

@@ -6,8 +6,10 @@ first key period's committee key by the on-chain DKG (their watchers' messages, 
 
 - mint: the client draws --credits nonces and blinds each into ONE list (`client_blind_ms`),
   the `credit_mint` tx runs through a block (`chain_mint_ms`: PrepareProposal → FinalizeBlock →
-  Commit), each validator signs the mint's points with its key share
-  (`sign_ms_per_validator`, what one `/credit_partials` query costs), the client checks every
+  Commit), each validator's watcher signs the mint's points with its key share
+  (`sign_ms_per_validator`) and posts them in a `mint_partials` tx; the block of the 4 posts,
+  each batch-verified by the chain, per validator: `chain_partials_ms_per_validator`; the
+  client reads the posted sets (`/credit_partials`), checks every
   partial, combines t, unblinds and verifies (`finalize_ms`). `mint_ms_p50` = the sum, request
   → usable credits, without network or block time (a real chain adds ≥ one block interval and
   4 query round trips); `chain_fund_ms` is the block of the 4 validators' `fund_mint` vouches
@@ -15,6 +17,10 @@ first key period's committee key by the on-chain DKG (their watchers' messages, 
 - redeem: the credits go to compute nodes in `credit_redeem` txs of --per-tx credits,
   --txs-per-block txs per block; `redeem_records_s` = credits / CPU seconds of the blocks that
   carry them (every validator checks every credit: one batched pairing check per period and tx).
+
+- posted partials of a 128-credit mint (the largest): `partials_verify_ms_per_validator_128`,
+  the chain's batch check of one validator's set, and `chain_partials_tx_ms_128`, that set's
+  whole tx through a block (`posted_set_cost`).
 
 - flood (issue 42): --flood junk mints nobody pays for, and the watchers' whole waiting list
   read back page by page (`bench/_mint_flood.py`; the `flood_*` metrics).
@@ -38,14 +44,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from abci_app import schema
+from abci_app.mint_partials import challenge_context
 from abci_app.queries import query
 from abci_app.threshold_queries import partials
 from bench._common import machine, parse_with_quick
 from bench._mint_flood import flood_figures
 from node.client.mint_request import MintRequest
+from node.watcher.mint_signer import sign_set
+from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.credits import CreditRedeem, FundMint
+from protocol.committee.credits import MAX_MINT, CreditRedeem, FundMint, MintPartials
 from protocol.committee.grammar import MAX_BATCH
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
@@ -107,6 +117,47 @@ def commit_served(chain: Chain, workers: list[Any], credits: int) -> None:
     assert all(r.code == 0 for r in results), [r.log for r in results][:3]
 
 
+def posted_set_cost(
+    chain: Chain, stores: list[Any], period: PeriodKey, payer: bytes
+) -> dict[str, float]:
+    """What verifying one validator's posted partial set of a 128-credit mint costs the chain:
+    `partials_verify_ms_per_validator_128` (the batch check alone, `blind_bls.verify_partials`:
+    two pairings, 256 point parses and 128-bit multiplications; median of the 4 validators'
+    sets) and `chain_partials_tx_ms_128` (its whole `mint_partials` tx through a block of its
+    own: decode, checks, the batch check, the writes; median of 4)."""
+    request = MintRequest.create(period, MAX_MINT, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600)
+    [minted] = chain.block([chain.tx(request.body, seeded_key("credit-bench-minter-128"))])
+    assert minted.code == 0, minted.log
+    assert all(
+        r.code == 0
+        for r in chain.block([chain.tx(FundMint(request.mint_id), v.key) for v in chain.validators])
+    )
+    points = tuple(
+        bytes.fromhex(p) for p in chain.state.committed(schema.MINT, request.mint_id)["points"]
+    )
+    check_ms, tx_ms = [], []
+    for validator, store in zip(chain.validators, stores, strict=True):
+        held = store.share(period.period)
+        assert held is not None
+        index, share = held
+        signed = sign_set(share, points)
+        address = next(a for a, i in period.index_of.items() if i == index)
+        public = bls.parse_g2(period.public_shares[index], "public share")
+        context = challenge_context(request.mint_id, address)
+        t0 = time.process_time()
+        blind_bls.verify_partials(public, points, signed, context)
+        check_ms.append((time.process_time() - t0) * 1000)
+        raw = chain.tx(MintPartials(request.mint_id, signed), validator.key)
+        t1 = time.process_time()
+        [result] = chain.block([raw])
+        tx_ms.append((time.process_time() - t1) * 1000)
+        assert result.code == 0, result.log
+    return {
+        "partials_verify_ms_per_validator_128": round(median(check_ms), 2),
+        "chain_partials_tx_ms_128": round(median(tx_ms), 2),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         chain = Chain(
@@ -133,6 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         period = PeriodKey.from_answer(ask(chain, "/credit_period"))
         payer = seeded_evm_key("credit-bench-payer")
         blind_ms, mint_ms, fund_ms, sign_ms, finalize_ms, total_ms = [], [], [], [], [], []
+        partials_ms: list[float] = []
         credits: list[ThresholdCredit] = []
         mint_bytes = []
         for i in range(args.mints):
@@ -149,13 +201,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             vouches = [chain.tx(FundMint(request.mint_id), v.key) for v in chain.validators]
             assert all(r.code == 0 for r in chain.block(vouches))  # the watchers' fund_mint
             t_funded = time.process_time()
-            answers: list[dict[str, Any]] = []
             per_validator = []
-            for store in stores:
+            posts = []
+            record = chain.state.committed(schema.MINT, request.mint_id)
+            points = tuple(bytes.fromhex(p) for p in record["points"])
+            for validator, store in zip(chain.validators, stores, strict=True):
                 s0 = time.process_time()
-                answers.append(partials(chain.state, store, {"mint": request.mint_id}))
+                held = store.share(period.period)
+                assert held is not None
+                signed = sign_set(held[1], points)  # what its watcher computes
                 per_validator.append((time.process_time() - s0) * 1000)
+                posts.append(chain.tx(MintPartials(request.mint_id, signed), validator.key))
+            p0 = time.process_time()
+            assert all(r.code == 0 for r in chain.block(posts))  # the watchers' mint_partials
+            partials_ms.append((time.process_time() - p0) * 1000 / len(posts))
             t3 = time.process_time()
+            answers = [partials(chain.state, store, {"mint": request.mint_id}) for store in stores]
             credits += request.finalize(period, answers)
             t4 = time.process_time()
             blind_ms.append((t1 - t0) * 1000)
@@ -180,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu += time.process_time() - t0
             assert all(r.code == 0 for r in results), [r.log for r in results]
             redeemed += sum(len(b) for b in batches[start : start + args.txs_per_block])
+        verify_128 = posted_set_cost(chain, stores, period, payer)
         flood = flood_figures(chain, period.period, args.flood, PRICE, ESCROW, NOW + 3600)
         return {
             "bench": "credits",
@@ -201,6 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "chain_mint_ms_p50": round(median(mint_ms), 2),
                 "chain_fund_ms_p50": round(median(fund_ms), 2),
                 "sign_ms_per_validator_p50": round(median(sign_ms), 2),
+                "chain_partials_ms_per_validator_p50": round(median(partials_ms), 2),
+                **verify_128,
                 "finalize_ms_p50": round(median(finalize_ms), 2),
                 "mint_tx_bytes": max(mint_bytes),
                 "redeem_records_s": round(redeemed / cpu, 1) if cpu else 0.0,

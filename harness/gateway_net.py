@@ -230,6 +230,30 @@ class Committee:
 
         return wait_for(formed, timeout_s, "the credit key period's DKG formed no key")
 
+    def post_partials(self) -> list[str]:
+        """One pass of the validator's `MintSigner` (its watcher's job): its partial signatures
+        for every funded mint still short of t posted sets, on the chain; the mints posted for.
+        A committee without a watcher needs this after funding before a client can combine."""
+        from node.watcher.mint_signer import MintSigner  # lazy: only committees selling credits
+        from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
+
+        committee = self
+
+        class Link:
+            async def query(self, path: str, **params: Any) -> Any:
+                query = urllib.parse.urlencode(params)
+                return committee.query(f"{path}?{query}" if params else path)
+
+            async def send(self, body: Any, *, timeout_s: float = 20.0) -> tuple[int, str]:
+                try:
+                    committee.submit(committee.validator_sign(body))
+                except RuntimeError as error:
+                    return 1, str(error)
+                return 0, ""
+
+        store = CreditShareStore(self.home / CREDIT_SHARES_DIR)
+        return asyncio.run(MintSigner(Link(), store).step())
+
 
 def start_committee(
     run_dir: Path,

@@ -32,7 +32,8 @@ Errors (all `ProtocolError`):
 
     protocol.bls.BlsError           a point or scalar that does not parse (its own tree)
     ThresholdCreditError            root of this module's refusals; `.reason` says why
-    ├── PartialInvalidError         a partial signature that does not verify under X_i
+    ├── PartialInvalidError         a partial signature (or a validator's set of them for a
+    │                               mint, `verify_partials`) that does not verify under X_i
     ├── NotEnoughPartialsError      fewer than t partials, or an index outside the committee
     └── CreditSignatureError        a credit (or a batch) that does not verify under X
 """
@@ -55,6 +56,7 @@ PERIOD_BYTES: Final = 8
 CREDIT_BYTES: Final = PERIOD_BYTES + NONCE_BYTES + bls.G1_BYTES
 _BATCH_DOMAIN: Final = b"planet-credit-batch/v1\n"
 _BATCH_COEFFICIENT_BYTES: Final = 16  # 128-bit random-linear-combination coefficients
+_PARTIALS_DOMAIN: Final = b"planet-mint-partials/v1\n"
 
 
 class ThresholdCreditError(ProtocolError):
@@ -246,3 +248,45 @@ def verify_credits(group_key: G2, credits: Sequence[ThresholdCredit]) -> None:
         hash_sum = hash_sum + bls.g1_mul(credit_point(credit.period, credit.nonce), rho)
     if not bls.pairing_equal(sigma_sum, bls.g2_generator(), hash_sum, group_key):
         raise CreditSignatureError("a credit of the batch does not verify under the committee key")
+
+
+def _partials_coefficients(
+    context: bytes, public_share: G2, blinded: Sequence[bytes], partials: Sequence[bytes]
+) -> list[int]:
+    transcript = hashlib.sha256(
+        _PARTIALS_DOMAIN + len(context).to_bytes(4, "big") + context + bls.g2_bytes(public_share)
+    )
+    for point in (*blinded, *partials):
+        transcript.update(point)
+    seed = transcript.digest()
+    return [
+        1
+        + int.from_bytes(
+            hashlib.sha256(seed + index.to_bytes(8, "big")).digest()[:_BATCH_COEFFICIENT_BYTES],
+            "big",
+        )
+        for index in range(len(blinded))
+    ]
+
+
+def verify_partials(
+    public_share: G2, blinded: Sequence[bytes], partials: Sequence[bytes], context: bytes
+) -> None:
+    """One validator's partials s_j = x_i · B_j for every blinded point of a mint, at once:
+    e(Σ ρ_j s_j, G2) = e(Σ ρ_j B_j, X_i) with 128-bit ρ_j hashed from `context` (the mint id
+    and the posting tx's signer: the chain's challenge), X_i and every point — two pairings
+    for the lot, deterministic (every validator derives the same ρ). A set with any wrong
+    partial fails except with probability ~2^-128: PartialInvalidError (BlsError for a point
+    that does not parse; ThresholdCreditError when the counts differ)."""
+    if len(blinded) != len(partials) or not blinded:
+        raise ThresholdCreditError(f"{len(partials)} partials for {len(blinded)} blinded points")
+    coefficients = _partials_coefficients(context, public_share, blinded, partials)
+    partial_sum = bls.g1_identity()
+    blinded_sum = bls.g1_identity()
+    for index, (b_raw, s_raw, rho) in enumerate(zip(blinded, partials, coefficients, strict=True)):
+        b_point = bls.parse_g1(b_raw, f"blinded message {index}")
+        s_point = bls.parse_g1(s_raw, f"partial signature {index}")
+        partial_sum = partial_sum + bls.g1_mul(s_point, rho)
+        blinded_sum = blinded_sum + bls.g1_mul(b_point, rho)
+    if not bls.pairing_equal(partial_sum, bls.g2_generator(), blinded_sum, public_share):
+        raise PartialInvalidError("the partial signatures do not verify under the key share")

@@ -13,17 +13,20 @@ credits and redemptions as the client and the validators make them. Shared by th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from nacl.signing import SigningKey
 
+from abci_app import schema
 from abci_app.codes import Code
 from abci_app.threshold_queries import partials
 from node.client.mint_request import MintRequest
 from node.watcher.credit_dkg import plan
+from node.watcher.mint_signer import sign_set
 from protocol.blind_bls import ThresholdCredit
-from protocol.committee.credits import CreditRedeem, FundMint
+from protocol.committee.credits import CreditRedeem, FundMint, MintPartials
 from protocol.committee.prices import SetPrice
 from protocol.credit_periods import KeySchedule
 from protocol.credit_shares import CreditShareStore
@@ -144,8 +147,43 @@ def fund(chain: Chain, mint_id: str, vouchers: int | None = None) -> list[Any]:
     return results
 
 
+def post_partials(
+    chain: Chain, tmp_path: Path, mint_id: str, signers: Iterable[int] | None = None
+) -> list[Any]:
+    """`post_with` the validators' stores of this chain (`shares`)."""
+    return post_with(chain, shares(tmp_path, chain), mint_id, signers)
+
+
+def post_with(
+    chain: Chain,
+    stores: list[CreditShareStore],
+    mint_id: str,
+    signers: Iterable[int] | None = None,
+) -> list[Any]:
+    """The validators `signers` (indexes; all by default) post their partial signatures for a
+    funded mint in one block, as their watchers do (node/watcher/mint_signer.py): those that
+    posted before or hold no share of its period, or a mint not funded yet: nothing sent."""
+    record = chain.state.committed(schema.MINT, mint_id)
+    if record is None or record.get("funded_height") is None:
+        return []
+    chosen = set(range(len(chain.validators)) if signers is None else signers)
+    run = ask(chain, f"/credit_period?period={record['period']}")["run"]
+    txs = []
+    for i, (validator, store) in enumerate(zip(chain.validators, stores, strict=True)):
+        held = store.share(int(record["period"]))
+        if i not in chosen or held is None:
+            continue
+        index, share = held
+        if run["receivers"][index - 1][0] in record.get("signers", []):
+            continue
+        points = tuple(bytes.fromhex(p) for p in record["points"])
+        txs.append(chain.tx(MintPartials(mint_id, sign_set(share, points)), validator.key))
+    return chain.block(txs) if txs else []
+
+
 def gather(chain: Chain, tmp_path: Path, mint_id: str) -> list[dict[str, Any]]:
-    """Every validator's `/credit_partials` answer for the mint."""
+    """Every validator's `/credit_partials` answer for the mint, once each posted its set."""
+    post_partials(chain, tmp_path, mint_id)
     return [partials(chain.state, store, {"mint": mint_id}) for store in shares(tmp_path, chain)]
 
 
@@ -158,7 +196,17 @@ def minted(
     req = request(chain, count)
     result = send(chain, req.body)
     assert result.code == Code.OK, result.log
-    fund(chain, req.mint_id)
+    # the vouches and, right after them in the same block, every validator's partials (their
+    # watchers post them once it is funded: one block here, as before partials were on chain)
+    vouches = [chain.tx(FundMint(req.mint_id), v.key) for v in chain.validators]
+    signed = []
+    for validator, store in zip(chain.validators, shares(tmp_path, chain), strict=True):
+        held = store.share(req.body.period)
+        if held is not None:
+            body = MintPartials(req.mint_id, sign_set(held[1], req.body.blinded))
+            signed.append(chain.tx(body, validator.key))  # nonces after its vouch's
+    results = chain.block([*vouches, *signed])
+    assert all(r.code == Code.OK for r in results), [r.log for r in results]
     credits = req.finalize(period_key(chain, req.body.period), gather(chain, tmp_path, req.mint_id))
     return credits, req
 

@@ -5,7 +5,8 @@ each validator's partial signatures → finalized credits in the wallet.
     credits = await buy_credits(validator_rpcs, payer_key, count, wallet, expiry=now + 3600)
 
 `validator_rpcs` lists one CometBFT RPC URL per validator: each validator's app answers
-`/credit_partials` with its own key share only, so the client asks every one of them (and
+`/credit_partials` with the set of partial signatures it posted on the chain (its watcher's
+`mint_partials`, verified by the chain), so the client asks every one of them (and
 needs t partials that check against the validators' public shares, node/client/mint_request.py).
 The mint tx is signed with a fresh ed25519 key drawn for this purchase (it only carries the
 tx; the payer is authenticated by its EIP-712 `CreditPurchase` signature), so mints of one
@@ -28,6 +29,9 @@ has it:
     not on the chain, its period still open  → the mint tx is sent (again; the id is unique)
     not on the chain, its period over        → dropped: it can never be charged
     on the chain, funded                     → partials gathered, credits into the wallet
+    on the chain, refunded                   → dropped: fewer than t validators posted their
+                                               partials by the deadline; the price is paid
+                                               back to the payer (a payout row)
     on the chain, still fundable             → waited for (until funded, the wait's end or
                                                the window's end); kept pending while fundable
     on the chain, past its funding window    → dropped: never charged (the chain refuses to
@@ -67,6 +71,10 @@ UNKNOWN_QUERY = "query_40"  # abci_app/codes.py: a validator from before `/credi
 # abci_app/codes.py MINT_UNFUNDED: a validator whose state is behind the block that funded the
 # mint still says it is not funded; asked again until it has caught up
 MINT_UNFUNDED_QUERY = "query_83"
+# abci_app/codes.py PARTIALS_NOT_POSTED: the validator's watcher has not posted its partials on
+# the chain yet (it does within a pass of the funding); asked again like a lagging validator
+PARTIALS_NOT_POSTED_QUERY = "query_114"
+NOT_YET_QUERIES = frozenset({MINT_UNFUNDED_QUERY, PARTIALS_NOT_POSTED_QUERY})
 LAGGING_RETRY_S = 0.5
 # `planet credits buy --min-anonymity`: the fewest buyers of a key period (this one included)
 # under which the client refuses to mint (docs/privacy.md "Key periods"); 1 refuses nothing
@@ -256,12 +264,15 @@ GatherPartials = Callable[[str], Awaitable[list[dict[str, Any]]]]
 
 
 def partials_from(validator_rpcs: Sequence[str], timeout_s: float) -> GatherPartials:
-    """Each validator's partial signatures for a threshold mint (`/credit_partials`): a
-    validator that does not answer is logged and left out; `finalize` checks every partial
-    against that validator's public share and needs t of them. Called once the mint is funded:
-    a validator still behind the funding block answers MINT_UNFUNDED and is asked again every
-    LAGGING_RETRY_S for up to `timeout_s` (measured: under load two of four validators answered
-    so in one run and the purchase failed with 2 of 3 partials)."""
+    """Each validator's partial signatures for a threshold mint as it posted them on the chain
+    (`/credit_partials` answers only a set the chain verified and holds: a client never gets a
+    partial of a mint the chain may refund): a validator that does not answer is logged and
+    left out; `finalize` checks every partial against that validator's public share and needs
+    t of them. Called once the mint is funded: a validator still behind the funding block
+    answers MINT_UNFUNDED, one whose watcher has not posted its set yet PARTIALS_NOT_POSTED;
+    both are asked again every LAGGING_RETRY_S for up to `timeout_s` (measured: under load two
+    of four validators answered MINT_UNFUNDED in one run and the purchase failed with 2 of 3
+    partials)."""
 
     async def ask(url: str, mint_id: str) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
@@ -272,7 +283,7 @@ def partials_from(validator_rpcs: Sequence[str], timeout_s: float) -> GatherPart
                 try:
                     answer = await one.query("/credit_partials", mint=mint_id)
                 except RemoteError as error:
-                    if error.code == MINT_UNFUNDED_QUERY and loop.time() < deadline:
+                    if error.code in NOT_YET_QUERIES and loop.time() < deadline:
                         await asyncio.sleep(LAGGING_RETRY_S)
                         continue
                     raise
@@ -356,6 +367,15 @@ async def complete(
             if unfunded.final:
                 wallet.drop(identifier)
             raise
+    refunded = record.get("refunded_height") if record else None
+    if type(refunded) is int:
+        wallet.drop(identifier)
+        progress(
+            f"mint {identifier[:18]}… got fewer than t validators' partial signatures by its "
+            f"deadline: refunded at block {refunded} (its price is a row of that epoch's "
+            "payout to the payer, claimable on the escrow)"
+        )
+        return []
     progress("funded; gathering the validators' partial signatures")
     answers = await gather_partials(identifier)
     # checking every partial is ~1 ms of pairings each: off the event loop, which may be a

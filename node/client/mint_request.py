@@ -7,6 +7,8 @@ partial signatures into N threshold blind BLS credits (`protocol.blind_bls`).
     request.body                                   the `credit_mint` tx body
     credits = request.finalize(period, answers)    answers: each validator's
                                                    /credit_partials?mint=<request.mint_id>
+                                                   (the set it posted on the chain), or the
+                                                   `sets` of /mint_partials (the same shape)
 
 `finalize` trusts no answer, and first takes the quick way: the partials of the t lowest
 validators that answered are combined for every credit, unblinded, and the N credits verified

@@ -12,8 +12,10 @@ a numerics version's quorum it first ratifies, node/watcher/ratifier.py), and vo
 credit mints its EVM read says the payer's balance covers (`node/watcher/funding.py`, with the
 consensus key; a validator without an operator key runs none of these three). It also takes
 part in each credit key period's DKG (`node/watcher/credit_dkg.py`, with the consensus key, its
-key share written to `VALIDATOR_HOME/credit_shares/`, where the ABCI app signs mints with it):
-it needs neither the EVM nor the operator key, so every validator does it. Runs until
+key share written to `VALIDATOR_HOME/credit_shares/`), and posts its partial signatures for
+every funded mint with that share (`node/watcher/mint_signer.py`: a mint short of t posted sets
+at its deadline is refunded): neither needs the EVM nor the operator key, so every validator
+does both. Runs until
 SIGTERM/SIGINT; an EVM RPC or a validator that is down is logged and retried with backoff,
 never fatal.
 """
@@ -39,6 +41,7 @@ from node.retry import Backoff, sleep_or_stop
 from node.watcher.credit_dkg import CreditDkgDriver
 from node.watcher.evm import StakingReader
 from node.watcher.funding import MintFunder
+from node.watcher.mint_signer import MintSigner
 from node.watcher.payouts import PayoutRelay
 from node.watcher.ratifier import VerdictRatifier
 from node.watcher.verdicts import VerdictRelay
@@ -90,6 +93,7 @@ async def run(args: argparse.Namespace) -> int:
     verdicts: VerdictRelay | None = None
     funder: MintFunder | None = None
     dkg = CreditDkgDriver.of_validator(link, key, args.home)
+    signer = MintSigner(link, dkg.store)
     key_path = operator_key_path(args.home)
     operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
@@ -105,6 +109,7 @@ async def run(args: argparse.Namespace) -> int:
                 reader.head.new_pass()  # the EVM block is read once a pass, by its first step
             try:
                 await _relay_step(dkg)  # first: the key periods' DKG needs no EVM read
+                await _relay_step(signer)  # funded mints' partials: no EVM read either
                 if watcher is None:
                     reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
                     watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
@@ -143,7 +148,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _relay_step(
-    relay: PayoutRelay | VerdictRelay | MintFunder | CreditDkgDriver,
+    relay: PayoutRelay | VerdictRelay | MintFunder | CreditDkgDriver | MintSigner,
 ) -> None:
     """One relay pass; its failures are logged and never slow the stake attestations, nor
     stop the loop (a bug's traceback is logged and the next pass runs)."""

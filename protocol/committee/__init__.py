@@ -28,8 +28,9 @@ Modules, read bottom-up:
                       (VerifierEndpoint)
     settlement.py     work_report (WorkReport: query fees and ChargeItems), payout_vote
                       (PayoutVote)
-    credits.py        credit_mint (CreditMint), fund_mint (FundMint), credit_redeem
-                      (CreditRedeem): threshold blind BLS bearer credits
+    credits.py        credit_mint (CreditMint), fund_mint (FundMint), mint_partials
+                      (MintPartials), credit_redeem (CreditRedeem): threshold blind BLS
+                      bearer credits
     gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     prices.py         set_price (SetPrice): what a credit buys on a node's shard
     relays.py         relay (RegisterRelay): an overlay relay's endpoint and X25519 key
@@ -59,6 +60,7 @@ Tx types (`type` → dataclass):
     credit_mint     CreditMint     a payer buys credits: one list of blinded points + a
                                    signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
+    mint_partials   MintPartials   a validator's partial signatures for a funded mint
     credit_redeem   CreditRedeem   a compute node cashes the credits it was paid with
     gateway         GatewayBind    a gateway key bound to (or released from) its payee EVM
                                    address, under that address's EIP-712 signature

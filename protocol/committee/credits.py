@@ -11,6 +11,10 @@
                                   less the payer's mints not yet debited there (node.watcher.
                                   funding); a mint is signed for only once vouched for by
                                   ≥ 2/3 of the power
+    mint_partials{mint, partials}  a validator posts its partial signatures s_i = x_i · B for
+                                  every blinded point of a funded mint, in the mint's order
+                                  (48-byte compressed G1 points, hex), under its share of the
+                                  mint's key period: the client combines t posted sets
     credit_redeem{model, shard, credits[, assignments]}
                                   a compute node cashes credits it was paid with (each 88
                                   bytes hex: period ‖ nonce ‖ σ, `protocol.blind_bls.
@@ -114,6 +118,33 @@ class FundMint:
     def from_json(cls, body: Any) -> FundMint:
         b = check.exact_object(body, "body", {"mint"})
         return cls(mint=check.text(b["mint"], "body.mint", HEX32_0X))
+
+
+@dataclass(frozen=True, slots=True)
+class MintPartials:
+    """A validator's partial signatures for funded mint `mint`, one per blinded point."""
+
+    mint: str
+    partials: tuple[bytes, ...]
+
+    TYPE: ClassVar[str] = "mint_partials"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mint": self.mint, "partials": [p.hex() for p in self.partials]}
+
+    @classmethod
+    def from_json(cls, body: Any) -> MintPartials:
+        b = check.exact_object(body, "body", {"mint", "partials"})
+        items = check.items(b["partials"], "body.partials", MAX_MINT)
+        if not items:
+            raise TxDecodeError("body.partials: expected at least one partial signature")
+        return cls(
+            mint=check.text(b["mint"], "body.mint", HEX32_0X),
+            partials=tuple(
+                bytes.fromhex(check.text(p, "body.partials[]", _POINT, 2 * bls.G1_BYTES))
+                for p in items
+            ),
+        )
 
 
 def parse_credit(item: Any, where: str = "body.credits[]") -> ThresholdCredit:

@@ -19,7 +19,7 @@ from protocol.canonical import JsonInputError, canonical_json, canonical_text, p
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
-from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint, MintPartials
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
@@ -78,6 +78,7 @@ TxBody = (
     | SpotCheckReport
     | VerifierEndpoint
     | FundMint
+    | MintPartials
     | SetPrice
     | CreditLock
     | GatewayBind
@@ -112,6 +113,7 @@ BODY_TYPES: dict[str, Any] = {
         SpotCheckReport,
         VerifierEndpoint,
         FundMint,
+        MintPartials,
         SetPrice,
         CreditLock,
         GatewayBind,

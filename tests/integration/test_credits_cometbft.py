@@ -27,17 +27,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from node.client.credit_purchase import buy_credits
+from node.client.credit_purchase import buy_credits, finish_pending
 from node.client.credit_wallet import CreditWallet
+from node.client.mint_request import MintIncomplete
 from node.keys import create_wallet
 from node.watcher.credit_dkg import plan
+from node.watcher.mint_signer import MintSigner
 from planet.main import main
 from protocol.canonical import canonical_json
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
@@ -65,11 +68,29 @@ PRICE = 10**12
 LAYER_TOKENS = 4096
 
 
+class _NetCommittee:
+    """The watcher's `Committee` over this test's network (what `MintSigner` reads and sends
+    through)."""
+
+    def __init__(self, net: Any, send: Callable[[Any], dict[str, Any]]) -> None:
+        self.net, self._send = net, send
+
+    async def query(self, path: str, **params: Any) -> Any:
+        return self.net.query(f"{path}?{urllib.parse.urlencode(params)}" if params else path)
+
+    async def send(self, body: Any, *, timeout_s: float = 20.0) -> tuple[int, str]:
+        answer = self._send(body)
+        return int(answer.get("code", 0)), str(answer.get("log", ""))
+
+
 @contextlib.contextmanager
-def _vouching(net: Any) -> Iterator[None]:
+def _vouching(net: Any, *, sign_partials: bool = True) -> Iterator[None]:
     """While open, the validator does what its watcher would: its key period DKG messages
-    (`plan`, its share into the home its app reads) and `fund_mint` for every mint waiting for
-    funding (no EVM here: every mint counts as covered). A DKG message the chain refuses (it
+    (`plan`, its share into the home its app reads), `fund_mint` for every mint waiting for
+    funding (no EVM here: every mint counts as covered) and, unless `sign_partials` is False
+    (a validator that vouches and then withholds its partials), the real `MintSigner`'s pass:
+    its partial signatures for every funded mint, posted on the chain. A DKG message the chain
+    refuses (it
     landed after its phase on a loaded machine; the chain runs the DKG again) is logged and the
     next pass goes on, as in the watcher; any other failure ends the loop and is raised when
     the block exits."""
@@ -83,9 +104,13 @@ def _vouching(net: Any) -> Iterator[None]:
         nonce = net.query(f"/nonce?account={signer}")["nonce"] + 1
         return net.submit(sign(body, key, nonce).encode())
 
+    signer_pass = MintSigner(_NetCommittee(net, send), store)
+
     def vouch() -> None:
         done: set[str] = set()
         while not stop.wait(0.3):
+            if sign_partials:
+                asyncio.run(signer_pass.step())
             for body in plan(net.query("/credit_period"), key, store):
                 answer = send(body)
                 if answer.get("code", 0) != 0:
@@ -271,3 +296,71 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         raw = canonical_json({**unsigned, "sig": "00" * 64})
         old = net.call("broadcast_tx_sync", tx="0x" + raw.hex())
         assert old["code"] == 1 and "unknown tx type 'mint'" in old["log"], old  # MALFORMED_TX
+
+
+def test_credits_withheld_partials_are_refunded_after_the_deadline_on_cometbft(
+    tmp_path: Path,
+) -> None:
+    """The validator (all of the power: more than 1/3) vouches for a mint and then withholds
+    its partial signatures: the client gets no credit (no set on the chain, `/credit_partials`
+    answers none), the mint is refunded at its deadline (`credits.sign_blocks` after funding),
+    the payer's row of exactly its price is on the pool page of that epoch's close, and the
+    purchase in the wallet is dropped with the refund named."""
+    with open_net(tmp_path, app_state={}) as net:
+        genesis_path = net.home / "config" / "genesis.json"
+        genesis = json.loads(genesis_path.read_text())
+        length = 10
+        genesis["app_state"] = {
+            "epoch_length": length,
+            "heartbeat_timeout": 100_000,
+            "registration_ttl": 100_000,
+            "evm": {
+                "chain_id": EVM_CHAIN_ID,
+                "committee_address": COMMITTEE,
+                "fraud_proofs_address": FRAUD_PROOFS,
+                "escrow_address": ESCROW,
+            },
+            "validators": {net.validator_address: address_of(OPERATOR_KEY)},
+            "credits": {
+                "price_wei": str(PRICE),
+                "layer_tokens": LAYER_TOKENS,
+                "key_period_blocks": 100_000,
+                "dkg_phase_blocks": 4,
+                "sign_blocks": 5,
+            },
+        }
+        genesis_path.write_text(json.dumps(genesis, indent=1))
+        net.start_app()
+        net.start_node()
+        net.wait_height(1)
+        payer = seeded_evm_key("credits-refund-payer")
+        wallet = CreditWallet(tmp_path / "wallet.json")
+        lines: list[str] = []
+        with _vouching(net, sign_partials=False), pytest.raises(MintIncomplete):
+            asyncio.run(
+                buy_credits(
+                    [net.rpc],
+                    payer,
+                    2,
+                    wallet,
+                    expiry=int(time.time()) + 3600,
+                    timeout_s=2.0,
+                    progress=lines.append,
+                )
+            )
+        assert wallet.count() == 0 and len(wallet.pending()) == 1  # kept: it may still complete
+        [mint] = _mints_of(net, payer)
+        assert mint["funded_height"] is not None and mint["signers"] == []
+        assert mint["deadline"] == mint["funded_height"] + 5
+        close = -(-mint["deadline"] // length) * length  # the close of the deadline's epoch
+        net.wait_height(close + 1, timeout=120)
+        record = net.query(f"/mints?id={mint['id']}")
+        assert record["refunded_height"] == mint["deadline"]
+        statement = net.query(f"/payouts?epoch={close // length}")
+        rows = {account: int(amount) for account, amount in statement["rows"]}
+        assert rows[address_of(payer).lower()] == 2 * PRICE == int(mint["amount"])
+        assert net.query(f"/mint_partials?mint={mint['id']}")["sets"] == []
+        # the purchase: dropped, the refund named; nothing was ever signed for it
+        asyncio.run(finish_pending([net.rpc], wallet, progress=lines.append))
+        assert wallet.count() == 0 and wallet.pending() == []
+        assert any("refunded at block" in line for line in lines), lines

@@ -6,7 +6,8 @@ here): the honest payer's balance covers its purchases, and only it ever deposit
 (tests/integration/test_agent_watcher.py runs the watcher against a real EVM). The honest
 purchase is `buy_credits`, the client's own path, timed once before the flood and once after
 (the first also waits for the first key period's committee key: the validator's real DKG
-driver, node/watcher/credit_dkg.py, runs beside the funder).
+driver, node/watcher/credit_dkg.py, and its mint signer, node/watcher/mint_signer.py, run beside
+the funder).
 Ports: 26600-26689 (test_abci_cometbft.py); run under the devnet lock.
 """
 
@@ -30,6 +31,7 @@ from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.watcher.credit_dkg import CreditDkgDriver
 from node.watcher.funding import MintFunder
+from node.watcher.mint_signer import MintSigner
 from protocol.committee.envelope import sign
 from protocol.eip712 import address_of
 from protocol.errors import PlanetError
@@ -78,11 +80,11 @@ class Deposits:
 
 @contextlib.contextmanager
 def _funder(net: Net, escrow: Escrow, deposits: Deposits) -> Iterator[None]:
-    """The validator's real mint funder and DKG driver, one pass every 0.3 s, on its own event
-    loop (one link: the watcher's). A pass that fails by name (a DKG message that reached the
-    chain after its phase on a loaded machine: refused, and the chain runs the DKG again) is
-    logged and the next pass runs, as in the watcher (node/watcher/__main__.py); any other
-    error ends the loop and is raised when the block exits."""
+    """The validator's real mint funder, DKG driver and mint signer, one pass every 0.3 s, on
+    its own event loop (one link: the watcher's). A pass that fails by name (a DKG message that
+    reached the chain after its phase on a loaded machine: refused, and the chain runs the DKG
+    again) is logged and the next pass runs, as in the watcher (node/watcher/__main__.py); any
+    other error ends the loop and is raised when the block exits."""
     stop = threading.Event()
     crashed: list[BaseException] = []
 
@@ -91,9 +93,10 @@ def _funder(net: Net, escrow: Escrow, deposits: Deposits) -> Iterator[None]:
             link = CommitteeLink([net.rpc], validator_key(net.home))
             funder = MintFunder(committee=link, escrow=escrow, deposits=deposits)
             dkg = CreditDkgDriver.of_validator(link, validator_key(net.home), net.home)
+            signer = MintSigner(link, dkg.store)  # its partials of each funded mint, on chain
             try:
                 while not stop.is_set():
-                    for relay in (dkg, funder):
+                    for relay in (dkg, signer, funder):
                         try:
                             await relay.step()
                         except PlanetError as error:

@@ -77,7 +77,8 @@ EVM = {
 @contextmanager
 def _vouching(committee: Committee) -> Iterator[None]:
     """While open, the validator vouches (`fund_mint`) for every mint waiting for funding, as
-    its stake watcher does for a covered one (tests/integration/test_agent_watcher.py)."""
+    its stake watcher does for a covered one (tests/integration/test_agent_watcher.py), and
+    posts its partial signatures for the funded ones (`Committee.post_partials`)."""
     stop, done = threading.Event(), set()
 
     def vouch() -> None:
@@ -86,6 +87,7 @@ def _vouching(committee: Committee) -> Iterator[None]:
                 if mint["id"] not in done:
                     committee.submit(committee.validator_sign(FundMint(mint["id"])))
                     done.add(mint["id"])
+            committee.post_partials()  # then its partials for the funded ones, on the chain
 
     thread = threading.Thread(target=vouch, daemon=True)
     thread.start()

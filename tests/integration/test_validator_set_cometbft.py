@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from deploy.committee.start import start_network
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.watcher.credit_dkg import plan
+from node.watcher.mint_signer import MintSigner
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.envelope import sign
@@ -78,6 +80,21 @@ class Member:
             return self.net.submit(sign(body, self.key, nonce).encode())
 
 
+class _MemberCommittee:
+    """The watcher's `Committee` over one member's RPC (what `MintSigner` reads and sends)."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+
+    async def query(self, path: str, **params: Any) -> Any:
+        full = f"{path}?{urllib.parse.urlencode(params)}" if params else path
+        return self.member.net.query(full)
+
+    async def send(self, body: Any, *, timeout_s: float = 20.0) -> tuple[int, str]:
+        answer = self.member.send(body)
+        return int(answer.get("code", 0)), str(answer.get("log", ""))
+
+
 def _genesis(network: Network, outsider: int) -> None:
     """Every node's genesis: without the outsider in `validators`, with credits on."""
     for spec in network.validators:
@@ -103,11 +120,13 @@ def _genesis(network: Network, outsider: int) -> None:
 
 @contextlib.contextmanager
 def _watching(members: list[Member]) -> Iterator[None]:
-    """Each member's watcher pass every 0.3 s: its DKG messages, `fund_mint` for every mint
-    waiting (members of the set only). A refused DKG message (landed late on a loaded
+    """Each member's watcher pass every 0.3 s: its DKG messages, its partials for every funded
+    mint (the real `MintSigner`) and `fund_mint` for every mint waiting (members of the set
+    only). A refused DKG message (landed late on a loaded
     machine: the chain runs the DKG again) is logged; any other failure is raised at exit."""
     stop = threading.Event()
     crashed: list[BaseException] = []
+    signers = {m.pub_key: MintSigner(_MemberCommittee(m), m.store) for m in members}
 
     def run() -> None:
         done: set[tuple[str, str]] = set()
@@ -125,12 +144,14 @@ def _watching(members: list[Member]) -> Iterator[None]:
                                 log.warning("%s refused: %s", body.TYPE, refused)
                     if member.pub_key not in validators:
                         continue
+                    asyncio.run(signers[member.pub_key].step())  # its partials, on chain
                     for mint in first.query("/mints?pending=true")["mints"]:
                         if (member.pub_key, mint["id"]) not in done:
                             answer = member.send(FundMint(mint["id"]))
                             assert answer.get("code", 0) == 0, answer
                             done.add((member.pub_key, mint["id"]))
-        except BaseException as error:  # surfaced to the test below
+        except BaseException as error:  # surfaced to the test below, logged at once
+            log.exception("the watchers' loop stopped")
             crashed.append(error)
 
     thread = threading.Thread(target=run, daemon=True)

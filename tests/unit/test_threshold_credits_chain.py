@@ -22,7 +22,7 @@ from protocol.committee.grammar import TxDecodeError
 from protocol.credit_shares import CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import EVM_CHAIN_ID, Chain
-from tests.credit_chain import NOW, PAYER, PRICE
+from tests.credit_chain import NOW, PAYER, PRICE, post_with
 from tests.unit.test_abci_settlement import ESCROW, ask, settled_chain
 from tests.unit.test_abci_state import make_routable, price_txs, register, served_commit_tx
 from tests.unit.test_credit_dkg_chain import PERIOD_BLOCKS, PHASE, SCHEDULE, play
@@ -66,6 +66,7 @@ def mint_and_fund(chain: Chain, req: MintRequest) -> None:
 
 
 def gather(chain: Chain, stores: list[CreditShareStore], mint_id: str) -> list[dict]:
+    post_with(chain, stores, mint_id)  # each validator's watcher posts its set
     return [partials(chain.state, store, {"mint": mint_id}) for store in stores]
 
 

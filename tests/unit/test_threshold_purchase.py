@@ -23,7 +23,7 @@ from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.paid_credits import CreditInvalidError
 from protocol.threshold_mint import threshold_mint_id
-from tests.credit_chain import PAYER
+from tests.credit_chain import PAYER, post_with
 from tests.unit.test_credit_purchase_resume import ChainLink
 from tests.unit.test_threshold_credits_chain import keyed_chain
 
@@ -34,18 +34,22 @@ class FundingLink(ChainLink):
     """Each mint that lands is vouched for by every validator in the next block (their
     watchers, node/watcher/funding.py, once the payer's balance covers it)."""
 
+    stores: list[Any]
+
     async def submit(self, body: Any) -> Any:
         sent = await super().submit(body)
         if isinstance(body, CreditMint) and self.results[sent.hash][0] == Code.OK:
             mint_id = threshold_mint_id(body.payer, body.period, body.blinded)
             chain = self.chain
             chain.block([chain.tx(FundMint(mint_id), v.key) for v in chain.validators])
+            post_with(chain, self.stores, mint_id)  # then each one's watcher posts its partials
         return sent
 
 
 def _wire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, FundingLink, Any]:
     chain, stores, node = keyed_chain(tmp_path)
     link = FundingLink(chain)
+    link.stores = stores
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
 
     def gather(*_: Any) -> Any:
