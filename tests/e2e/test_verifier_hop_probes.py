@@ -92,8 +92,11 @@ def test_the_worker_times_each_node_alone_and_the_chain_reports_those_timings(
     # window (a later one may not be reported yet), so one of the speeds they gave
     assert speeds[first] in timed[first[:12]], (speeds, timed)
     assert speeds[replica] in timed[replica[:12]], (speeds, timed)
-    # the slowed replica times slower, every time
-    assert max(timed[slowed[:12]]) < min(timed[replica[:12]]), timed
+    # the slowed replica (4x its own compute) times slower at its best than the replica at its
+    # best: one timing of either can land in a busy moment of a loaded machine (a CI run at
+    # load ~15 timed the replica once at 9 and the slowed node once at 12), its best cannot
+    # beat 4x
+    assert max(timed[slowed[:12]]) < max(timed[replica[:12]]), timed
     # and where it was scored too (the gateway routes by cost: once its /info shows it slow,
     # its challenges go to B), its reported speed is its own timing's, below B's
     own = committee.query(f"/node?key={slowed}")["speed"]
