@@ -650,9 +650,9 @@ def test_hosts_ask_over_relays_user_talks_only_to_relays_and_no_node_sees_the_us
     committee = {addresses[name] for name in addresses if name.startswith("validator")}
     peers = _peers(flows, user)
     print(f"ask --relays capture: {ask_relays_question['frames']} frames; user's peers {peers}")
-    assert relay_hosts <= peers  # n = 3 paths of 1 relay per hop: every relay carried cloves
+    assert not peers & node_hosts, sorted(peers & node_hosts)
     assert peers <= relay_hosts | committee, sorted(peers - relay_hosts)
-    assert not peers & node_hosts
+    assert relay_hosts <= peers  # n = 3 paths of 1 relay per hop: every relay carried cloves
     for node in node_hosts:  # the nodes were asked (through the exits) and never saw the user
         assert _peers(flows, node) & relay_hosts, node
         assert user not in _peers(flows, node), node
