@@ -22,9 +22,16 @@ the loopback text; the personal client in the user host over the overlay (`--rel
 --overlay 3,2,1`), asked by the official `openai` client, answers the loopback text while a
 capture on the bridge shows no question, answer or word of them in clear at any relay's host.
 The capture also shows the user's host exchanging no packet with the first node's: the client's
-router reads every node's /info over the relays too (INFO link messages, issue 43).
+router reads every node's /info over the relays too (INFO link messages, issue 43). And the
+CLI's overlay route: `planet ask --relays chain --overlay 3,2,1 --credits` in the user host
+answers the loopback tokens while the capture shows the user's host exchanging packets only
+with the relays and the committee's validator, no node's host with the user's, each relay only
+with its neighbours (the user's host, the nodes; never another relay), and no question, answer
+or embedding rows in clear on any link.
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
+With the `planet ask --relays` question (one more question over the relays) the module ran
+241 s wall, 11 passed, the box lightly loaded.
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
