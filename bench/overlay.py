@@ -12,16 +12,20 @@ Per message size (a control message, one decode step's frame, a 1,000-byte promp
   (the issue's target: ≤ 1.2 for what the overlay carries, which needs tokens batched into
   messages of a few hundred bytes: a clove's fixed part is its header, n digests and a key share).
 
-With `--latencies` (the full run: 0,20,50; `--quick`: none), the network part: a 2-node fp32
-SmolLM2 circuit and n × l `planet relay serve` processes on loopback, every node and relay
-behind an asyncio proxy that delays each direction of every link by the latency (bench/wan.py's
-`RelayLinks`), and per latency, interleaved, a greedy answer over direct links and over the
-overlay (every hop reached by n paths of l relays, (n, k) cloves):
+With `--latencies` (the full run: 0,20,50; `--quick`: 0 only, 4 tokens, one answer each way),
+the network part: a 2-node fp32 SmolLM2 circuit and n × l `planet relay serve` processes on
+loopback, every node and relay behind an asyncio proxy that delays each direction of every
+link by the latency (bench/wan.py's `RelayLinks`), and per latency, interleaved, a greedy
+answer over direct links and over the overlay (every hop reached by n paths of l relays, (n, k)
+cloves):
 
 - `first_token_ms_{direct,overlay}_{L}ms`, `decode_tok_s_{direct,overlay}_{L}ms`,
   `ratio_decode_overlay_vs_direct_{L}ms` (the issue's target: ≥ 0.8 at 50 ms);
 - `client_bytes_per_token_{direct,overlay}_{L}ms`: bytes on the client's own links per new
   token (direct: its WebSockets' frames; overlay: the cells to and from its first relays);
+- `network_bytes_per_token_{direct,overlay}_{L}ms`: bytes on every link of the run per new
+  token, both directions (client, relays and nodes: each sits behind its proxy, which counts
+  what it carries), and `ratio_network_bytes_overlay_vs_direct_{L}ms`;
 - `tokens_identical_{L}ms` (1 when the overlay's answer is the direct one).
 
 Why the ratio cannot reach 0.8 with this design: the client runs the LM head, so every token is
@@ -29,8 +33,8 @@ a round trip from the client through the circuit and back. Direct, that is K + 1
 delays for K nodes; over the overlay it is (l + 1) delays to the first node and l + 1 back from
 the last, K − 1 between nodes: 2l + K + 1 delays against K + 1 (3 against 9 at K = 2, l = 3).
 
-    .venv/bin/python bench/overlay.py            # ~3 min (nodes, relays, 3 latencies)
-    .venv/bin/python bench/overlay.py --quick    # ~1 s (cloves only)
+    .venv/bin/python bench/overlay.py            # ~1 min idle (nodes, relays, 3 latencies)
+    .venv/bin/python bench/overlay.py --quick    # ~12 s idle (cloves; nodes and relays at 0 ms)
 """
 
 from __future__ import annotations
@@ -78,13 +82,16 @@ def measure(size: int, n: int, k: int, repeats: int, inner: int) -> dict[str, fl
     }
 
 
-async def _generate(head: Any, hops: list[Any], hidden: int, new_tokens: int, route: Any) -> dict:
+async def _generate(
+    head: Any, hops: list[Any], hidden: int, new_tokens: int, route: Any, proxies: Any
+) -> dict:
     import aiohttp
 
     from node.client.circuit import CircuitClient
     from node.client.types import Timings
 
     timings = Timings()
+    carried = proxies.carried
     async with aiohttp.ClientSession() as http:
         links: list[Any] = []
         dial = None
@@ -113,6 +120,8 @@ async def _generate(head: Any, hops: list[Any], hidden: int, new_tokens: int, ro
         if timings.decode_ms
         else 0,
         "bytes_per_token": wire / max(1, len(tokens)),
+        # every link of the run (client, relays, nodes), both directions: all sit behind proxies
+        "network_bytes_per_token": (proxies.carried - carried) / max(1, len(tokens)),
     }
 
 
@@ -145,7 +154,7 @@ def network(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
                 for _ in range(args.net_repeats):
                     for name, via in (("direct", None), ("overlay", route)):
                         runs[name].append(
-                            asyncio.run(_generate(head, hops, hidden, args.new_tokens, via))
+                            asyncio.run(_generate(head, hops, hidden, args.new_tokens, via, links))
                         )
                 for name, got in runs.items():
                     suffix = f"{name}_{latency}ms"
@@ -158,10 +167,19 @@ def network(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
                     metrics[f"client_bytes_per_token_{suffix}"] = round(
                         median(r["bytes_per_token"] for r in got)
                     )
+                    metrics[f"network_bytes_per_token_{suffix}"] = round(
+                        median(r["network_bytes_per_token"] for r in got)
+                    )
                 direct = metrics[f"decode_tok_s_direct_{latency}ms"]
                 metrics[f"ratio_decode_overlay_vs_direct_{latency}ms"] = (
                     round(metrics[f"decode_tok_s_overlay_{latency}ms"] / direct, 3)
                     if direct
+                    else 0.0
+                )
+                direct_bytes = metrics[f"network_bytes_per_token_direct_{latency}ms"]
+                metrics[f"ratio_network_bytes_overlay_vs_direct_{latency}ms"] = (
+                    round(metrics[f"network_bytes_per_token_overlay_{latency}ms"] / direct_bytes, 2)
+                    if direct_bytes
                     else 0.0
                 )
                 same = all(
@@ -190,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens per answer")
     parser.add_argument("--net-repeats", type=int, default=2, help="answers per way and latency")
-    args = parse_with_quick(parser, {"repeats": 3, "inner": 20, "latencies": []}, argv)
+    quick = {"repeats": 3, "inner": 20, "latencies": [0], "new_tokens": 4, "net_repeats": 1}
+    args = parse_with_quick(parser, quick, argv)
     metrics: dict[str, float] = {}
     for name, size in SIZES.items():
         got = measure(size, args.n, args.k, args.repeats, args.inner)

@@ -157,6 +157,7 @@ class RelayLinks:
         self.thread.start()
         self.servers: list[asyncio.AbstractServer] = []
         self.writers: set[asyncio.StreamWriter] = set()
+        self.carried = 0  # bytes read on every link, both directions (bench/overlay.py)
 
     def add(self, listen: int, upstream: int) -> None:
         async def start() -> asyncio.AbstractServer:
@@ -195,6 +196,7 @@ class RelayLinks:
         sender = asyncio.create_task(deliver())
         try:
             while data := await reader.read(65536):
+                self.carried += len(data)
                 queue.put_nowait((time.monotonic() + self.latency_s, data))
         finally:
             queue.put_nowait((0.0, b""))

@@ -22,9 +22,16 @@ the loopback text; the personal client in the user host over the overlay (`--rel
 --overlay 3,2,1`), asked by the official `openai` client, answers the loopback text while a
 capture on the bridge shows no question, answer or word of them in clear at any relay's host.
 The capture also shows the user's host exchanging no packet with the first node's: the client's
-router reads every node's /info over the relays too (INFO link messages, issue 43).
+router reads every node's /info over the relays too (INFO link messages, issue 43). And the
+CLI's overlay route: `planet ask --relays chain --overlay 3,2,1 --credits` in the user host
+answers the loopback tokens while the capture shows the user's host exchanging packets only
+with the relays and the committee's validator, no node's host with the user's, each relay only
+with its neighbours (the user's host, the nodes; never another relay), and no question, answer
+or embedding rows in clear on any link.
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
+With the `planet ask --relays` question (one more question over the relays) the module ran
+241 s wall, 11 passed, the box lightly loaded.
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
@@ -65,7 +72,8 @@ RENDEZVOUS_PORTS = "9200-9203"
 NAT_SHARD = 2  # the node behind NAT joins this shard
 PERSONAL_PORT = 18160  # the personal client, on the user host's loopback
 OVERLAY = "3,2,1"  # 3 paths of 1 relay per hop, any 2 enough: every relay on every link
-CREDITS = 30  # the user's bearer credits: the NAT question's nodes, the overlay's nodes and relays
+# the user's bearer credits: the NAT question's nodes, the two overlay questions' nodes and relays
+CREDITS = 45
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -598,6 +606,82 @@ def test_hosts_personal_client_over_the_overlay_hides_the_user_from_the_first_no
         if {src, dst} == {user, first}
     }
     assert not direct, sorted(direct)[:8]
+
+
+@pytest.fixture(scope="module")
+def ask_relays_question(env, devnet, relays, user_credits) -> dict[str, Any]:
+    """`planet ask --relays chain --overlay 3,2,1 --credits` in the user host, the devnet's
+    nodes file (node0…2), while the lab's bridge is captured: the answer and the flows."""
+    from tests.bridge_capture import BridgeCapture
+
+    lab = devnet["hosts"]
+    addresses = {name: host["address"] for name, host in lab["hosts"].items()}
+    with BridgeCapture(lab["run_id"], len(addresses) + 4) as capture:
+        asked = _in_host(
+            env, "user", "ask", "--nodes", devnet["nodes_file"], "--relays", "chain",
+            "--overlay", OVERLAY, "--committee-rpc", devnet["committee_rpc"][0], "--credits",
+            "--credits-file", str(user_credits), "--json", "--max-tokens", str(MAX_TOKENS),
+            QUESTION, timeout=300,
+        )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    return {"answer": json.loads(asked.stdout), "flows": capture.flows(),
+            "frames": capture.frames, "addresses": addresses}  # fmt: skip
+
+
+def _peers(flows: dict[Any, bytes], address: str) -> set[str]:
+    """The hosts that exchanged TCP payload with `address` during a capture."""
+    return {dst if src == address else src for (src, _, dst, _) in flows if address in (src, dst)}
+
+
+def test_hosts_ask_over_relays_user_talks_only_to_relays_and_no_node_sees_the_user(
+    ask_relays_question, loopback
+) -> None:
+    """`planet ask --relays chain` (3 paths of 1 relay per hop, any 2 enough) answers the
+    loopback text (the direct path's greedy tokens). On the bridge: the user's host exchanged
+    packets with the relays and the committee's validator (the /relays list) only, never with
+    a model node's host; no node's host exchanged any with the user's; each relay only with
+    its neighbours on a 1-relay path (the user's host and the nodes), never with another
+    relay; neither the question, the answer nor any longer word of them crossed any link in
+    clear, nor the prompt's embedding rows."""
+    from node.model.head import ClientHead
+    from node.model.source import models_dir
+
+    flows, addresses = ask_relays_question["flows"], ask_relays_question["addresses"]
+    answer = ask_relays_question["answer"]
+    text = answer["text"].strip()
+    assert text == loopback["text"].strip() != ""
+    assert answer["tokens"] == loopback["tokens"]
+    user = addresses["user"]
+    relay_hosts = {addresses[f"relay{i}"] for i in range(RELAYS)}
+    node_hosts = {addresses[f"node{i}"] for i in range(3)}
+    committee = {addresses[name] for name in addresses if name.startswith("validator")}
+    peers = _peers(flows, user)
+    print(f"ask --relays capture: {ask_relays_question['frames']} frames; user's peers {peers}")
+    assert not peers & node_hosts, sorted(peers & node_hosts)
+    assert peers <= relay_hosts | committee, sorted(peers - relay_hosts)
+    assert relay_hosts <= peers  # n = 3 paths of 1 relay per hop: every relay carried cloves
+    for node in node_hosts:  # the nodes were asked (through the exits) and never saw the user
+        assert _peers(flows, node) & relay_hosts, node
+        assert user not in _peers(flows, node), node
+    # besides the question's: the committee (its /relays and /node reads), router0 (nat0's
+    # rendezvous link, masqueraded), the gateway (reading a fronted node's /info)
+    others = committee | {addresses[n] for n in addresses if n.startswith(("router", "gateway"))}
+    for relay in relay_hosts:
+        seen = _peers(flows, relay)
+        print(f"{relay}'s peers: {sorted(seen)}")
+        assert user in seen and seen & node_hosts, (relay, seen)
+        assert seen <= {user} | node_hosts | others, (relay, sorted(seen))  # no other relay
+    everything = b"".join(flows.values())
+    assert len(everything) > 10_000
+    words = {word for word in text.replace(".", " ").split() if len(word) >= 5}
+    for clear in (QUESTION, text, *words, *(w for w in QUESTION.split() if len(w) >= 5)):
+        assert clear.encode() not in everything, clear
+    head = ClientHead.load(models_dir() / MODEL / "manifest.json", device="cpu")
+    rows = head.embed_np(head.chat_ids([{"role": "user", "content": QUESTION}]))[0]
+    windows = [
+        rows[i].astype(dtype).tobytes()[:64] for i in range(len(rows)) for dtype in ("<f4", "<f2")
+    ]
+    assert not any(window in everything for window in windows)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "hop_probe_cost": (),  # 2 SmolLM2 int8 shards in process, no ports, ~5 s
     "int8_kernel": (SLOW,),  # 4 SmolLM2 shard sets in process, no ports (~19 CPU-s)
     "links": (SLOW,),
-    "overlay": (),  # in process: S-IDA cloves, ~1 s
+    "overlay": (SLOW,),  # cloves in process; 2 node and 12 relay processes at 0 ms, ~12 s
     "paid_circuit": (),  # two tiny in-process nodes
     "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
     "placement": (),  # in process: the placement and rebalancing rules, no torch, < 1 s
