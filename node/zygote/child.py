@@ -27,6 +27,9 @@ from node.zygote import cmdline, fit
 from node.zygote.wire import SpawnRequest
 
 CPU_CGROUP_ENV = "PLANET_CPU_CGROUP"  # where the test lanes reach the cpuacct hierarchy
+# the zygote's own: a caller whose environment was cleaned of PLANET_* settings (the e2e tests'
+# `planet devnet up`) still has its children charged to its unit, not to the zygote's
+ZYGOTE_CPU_CGROUP = os.environ.get(CPU_CGROUP_ENV)
 
 
 def _join_cgroups(request: SpawnRequest) -> None:
@@ -40,8 +43,9 @@ def _join_cgroups(request: SpawnRequest) -> None:
             continue
         controllers, group = parts[1], parts[2]
         root = Path("/sys/fs/cgroup", controllers)
-        if "cpuacct" in controllers.split(",") and request.env.get(CPU_CGROUP_ENV):
-            root = Path(request.env[CPU_CGROUP_ENV])
+        where = request.env.get(CPU_CGROUP_ENV) or ZYGOTE_CPU_CGROUP
+        if "cpuacct" in controllers.split(",") and where:
+            root = Path(where)
         with contextlib.suppress(OSError):
             Path(root, group.lstrip("/"), "cgroup.procs").write_text(f"{os.getpid()}\n")
 
