@@ -73,7 +73,7 @@ def run_captured(
     *,
     env: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
-    input: str | bytes | None = None,  # noqa: A002  # subprocess.run's name
+    input: str | bytes | None = None,  # subprocess.run's name
     timeout: float | None = None,
     text: bool = False,
     check: bool = False,

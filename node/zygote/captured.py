@@ -79,7 +79,7 @@ def run(
     *,
     env: Mapping[str, str],
     cwd: str | os.PathLike[str] | None,
-    input: bytes | None,  # noqa: A002  # subprocess.run's name
+    input: bytes | None,  # subprocess.run's name
     timeout: float | None,
 ) -> tuple[ZygoteChild, bytes, bytes] | None:
     """`argv` forked by the zygote and run to its end: (child, stdout, stderr); None where the

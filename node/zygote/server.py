@@ -181,8 +181,9 @@ class Zygote:
                 conn.close()
                 return None
             request = parse_spawn(body)
-            if len(fds) != STDIO_FDS[request.stdio]:
-                raise BadRequest("fds", f"{STDIO_FDS[request.stdio]} fds expected for {request.stdio}")
+            expected = STDIO_FDS[request.stdio]
+            if len(fds) != expected:
+                raise BadRequest("fds", f"{expected} fds expected for {request.stdio}")
             why = self.fit.refusal(request)
             if why is None and threads() > 1:
                 why = f"{threads()} threads in the zygote"
