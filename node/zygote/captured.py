@@ -112,6 +112,10 @@ def run(
         raise subprocess.TimeoutExpired(
             list(argv), timeout or 0, output=b"".join(outs[out_r]), stderr=b"".join(outs[err_r])
         )
+    except BaseException as error:  # interrupted (Ctrl-C): killed, as subprocess.run does
+        if not isinstance(error, subprocess.TimeoutExpired):
+            child.kill()
+        raise
     finally:
         os.close(out_r)
         os.close(err_r)
