@@ -1,7 +1,8 @@
 """The `planet` CLI forked by the session's zygote (`node.procs.run_captured`, how the tests run
 it) answers exactly as a fresh `python -m planet` process: the same stdout, stderr and exit
 status for help, usage errors (2, `planet ...: error:`), PlanetErrors (one `error:` and one
-`hint:` line), verbose logging (the zygote's logging setup is not inherited) and stdin.
+`hint:` line, `--password-file -` taken for a file name, not stdin) and `-v` (the zygote's
+logging is not inherited: the CLI's basicConfig applies).
 """
 
 from __future__ import annotations
