@@ -9,7 +9,9 @@ one log file that is appended to, each start marked by a `START_MARKER` line:
 `spawn_process` is the one place such a process starts: where $PLANET_ZYGOTE names a running
 zygote (node/zygote, the test lanes start one) and the process is `python -m MODULE ...`, the
 zygote forks it with the heavy modules already imported; otherwise `subprocess.Popen`. Either
-way the caller gets the child's own pid and a Popen-like handle (`Child`).
+way the caller gets the child's own pid and a Popen-like handle (`Child`). `run_captured` is
+`subprocess.run(..., capture_output=True)` through the same zygote: how the tests run the
+`planet` CLI (a person's `planet` stays a process of its own).
 
 `run_service` is the shared `main()` of the node agent and the stake watcher: logging to stderr
 in key=value style, the coroutine run to completion, a `PlanetError` logged as one line (with
@@ -21,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import locale
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
+from node.zygote import captured
 from node.zygote.client import ZygoteChild, spawn
 from protocol.errors import PlanetError
 
@@ -62,6 +66,47 @@ def spawn_process(
         env=dict(env),
         cwd=cwd,
     )
+
+
+def run_captured(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    input: str | bytes | None = None,  # subprocess.run's name
+    timeout: float | None = None,
+    text: bool = False,
+    check: bool = False,
+) -> subprocess.CompletedProcess[Any]:
+    """`subprocess.run(argv, capture_output=True, env=env, cwd=cwd, input=input,
+    timeout=timeout, text=text, check=check)`, forked by the zygote where it can (a command of
+    the tests: `python -m planet ...`; node/zygote/captured.py), else that very call. Text is
+    decoded and encoded as subprocess.run does it (the locale's encoding, universal
+    newlines); `subprocess.TimeoutExpired` kills the child, with the bytes read so far."""
+    argv = [os.fspath(a) for a in argv]
+    env = dict(os.environ if env is None else env)
+    encoding = locale.getpreferredencoding(False)
+    data = input.encode(encoding) if isinstance(input, str) else input
+    done = captured.run(argv, env=env, cwd=cwd, input=data, timeout=timeout)
+    if done is None:
+        return subprocess.run(
+            argv, capture_output=True, env=env, cwd=cwd, input=input, timeout=timeout,
+            text=text, check=check,
+        )  # fmt: skip
+    child, out, err = done
+    result: subprocess.CompletedProcess[Any] = subprocess.CompletedProcess(
+        argv, child.returncode, out, err
+    )
+    if text:
+        result.stdout, result.stderr = (_text(b, encoding) for b in (out, err))
+    if check:
+        result.check_returncode()
+    return result
+
+
+def _text(data: bytes, encoding: str) -> str:
+    """Bytes as subprocess.run's text mode reads them (universal newlines)."""
+    return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def spawn_logged(

@@ -1,10 +1,11 @@
 """What a forked child does before it runs its module: become what `python -m MODULE ...`
 started by Popen would be.
 
-`prepare` (right after the fork, before the zygote's frames unwind): its own session, the
-caller's cgroups, stdin /dev/null and stdout+stderr on the log and no other fd, cwd, umask,
-the signal dispositions a fresh interpreter has (the caller's ignored signals stay ignored, as
-across exec), no blocked signals, the requested environment, its argv in /proc. `run` (once the
+`prepare` (right after the fork, before the zygote's frames unwind): its own session (a
+service), the caller's cgroups, stdin /dev/null and stdout+stderr on the log (or the caller's
+stdin, stdout and stderr: a captured command) and no other fd, cwd, umask, the signal
+dispositions a fresh interpreter has (the caller's ignored signals stay ignored, as across
+exec), no blocked signals, the requested environment, its argv in /proc. `run` (once the
 zygote's loop is left behind): sys.argv, sys.path[0] and the std streams as the interpreter
 sets them at start-up, a freshly seeded numpy, then the module as `__main__`, as `-m` runs it.
 Exit statuses are the interpreter's own: `run` returns and `python -m node.zygote` ends
@@ -67,19 +68,29 @@ def _reset_signals(ignored: tuple[int, ...]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def prepare(request: SpawnRequest, out_fd: int, ready_fd: int) -> None:
+def _std_fds(stdio: list[int]) -> None:
+    """fds 0-2 from the caller's: [log] -> stdin /dev/null, stdout and stderr on the log;
+    [stdin, stdout, stderr] as they are. The received fds are >= 3 (the zygote holds 0-2)."""
+    if len(stdio) == 1:
+        null = os.open(os.devnull, os.O_RDONLY)
+        sources = [null, stdio[0], stdio[0]]
+        stdio = [*stdio, null]
+    else:
+        sources = list(stdio)
+    for target, source in enumerate(sources):
+        os.dup2(source, target)
+    for fd in set(stdio):
+        os.close(fd)
+
+
+def prepare(request: SpawnRequest, stdio: list[int], ready_fd: int) -> None:
     """Right after the fork: everything that is the kernel's view of the new process; then
     one byte on `ready_fd` (the zygote tells the caller the pid only once /proc shows the
     child's own argv: the launcher takes a pid running another command line for a dead one)."""
     if request.new_session:
         os.setsid()
     _join_cgroups(request)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
-    os.close(out_fd)
+    _std_fds(stdio)
     os.closerange(3, ready_fd)  # Popen's close_fds: whatever the zygote held
     os.closerange(ready_fd + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir(request.cwd)

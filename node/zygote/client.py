@@ -136,14 +136,15 @@ class ZygoteChild:
 def spawn(
     argv: Sequence[str],
     *,
-    stdout: int,
+    stdout: int | tuple[int, int, int],
     env: Mapping[str, str],
     cwd: str | os.PathLike[str] | None = None,
     new_session: bool = True,
 ) -> ZygoteChild | None:
     """`argv` (`python -m MODULE ...`) forked by the zygote with stdin /dev/null, stdout and
-    stderr on the fd `stdout`, exactly `env`, in `cwd` (default: ours), in a session of its
-    own if `new_session`; None where the caller must start it itself (see the module)."""
+    stderr on the fd `stdout` — or, given three fds, its stdin, stdout and stderr on them —
+    exactly `env`, in `cwd` (default: ours), in a session of its own if `new_session`; None
+    where the caller must start it itself (see the module)."""
     path = os.environ.get(ENV_VAR)
     if not path:
         return None
@@ -160,12 +161,14 @@ def spawn(
         "ignored_signals": _ignored_signals(),
         "namespaces": namespaces(),
         "cgroups": Path("/proc/self/cgroup").read_text(),
+        "stdio": "log" if isinstance(stdout, int) else "pipes",
     }
+    fds = [stdout] if isinstance(stdout, int) else list(stdout)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
         conn.connect(path)
-        send(conn, request, [stdout])
+        send(conn, request, fds)
         reply = receive(conn)
     except (OSError, BadRequest) as error:
         conn.close()

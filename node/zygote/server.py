@@ -33,7 +33,7 @@ from pathlib import Path
 
 from node.zygote import child, cmdline
 from node.zygote.fit import Fit, Recorder
-from node.zygote.wire import BadRequest, SpawnRequest, parse_spawn, receive, send
+from node.zygote.wire import STDIO_FDS, BadRequest, SpawnRequest, parse_spawn, receive, send
 
 # what the services import before they serve: torch (nodes, gateways, verifiers), aiohttp,
 # web3 (agents, watchers, gateways), the CLI and the node's server; abci_app's state machine
@@ -169,7 +169,7 @@ class Zygote:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             _pid, uid, _gid = struct.unpack("3i", creds)
             conn.settimeout(5.0)
-            message = receive(conn, max_fds=1)
+            message = receive(conn, max_fds=max(STDIO_FDS.values()))
             if message is None:
                 conn.close()
                 return None
@@ -181,8 +181,9 @@ class Zygote:
                 conn.close()
                 return None
             request = parse_spawn(body)
-            if len(fds) != 1:
-                raise BadRequest("fds", "one file descriptor (stdout) expected")
+            expected = STDIO_FDS[request.stdio]
+            if len(fds) != expected:
+                raise BadRequest("fds", f"{expected} fds expected for {request.stdio}")
             why = self.fit.refusal(request)
             if why is None and threads() > 1:
                 why = f"{threads()} threads in the zygote"
@@ -191,7 +192,8 @@ class Zygote:
                 send(conn, {"refused": why})
                 conn.close()
                 return None
-            return self._fork(conn, request, fds.pop())
+            stdio, fds = fds, []
+            return self._fork(conn, request, stdio)
         except (BadRequest, OSError, ValueError) as error:
             say(f"bad request: {error}")
             with contextlib.suppress(OSError):
@@ -202,14 +204,17 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
 
-    def _fork(self, conn: socket.socket, request: SpawnRequest, out_fd: int) -> SpawnRequest | None:
+    def _fork(
+        self, conn: socket.socket, request: SpawnRequest, stdio: list[int]
+    ) -> SpawnRequest | None:
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(ready_r)
-            self._become_child(conn, request, out_fd, ready_w)
+            self._become_child(conn, request, stdio, ready_w)
             return request
-        os.close(out_fd)
+        for fd in stdio:
+            os.close(fd)
         os.close(ready_w)
         select.select([ready_r], [], [], READY_TIMEOUT_S)  # its argv shows in /proc (or it died)
         os.close(ready_r)
@@ -226,7 +231,7 @@ class Zygote:
         return None
 
     def _become_child(
-        self, conn: socket.socket, request: SpawnRequest, out_fd: int, ready_fd: int
+        self, conn: socket.socket, request: SpawnRequest, stdio: list[int], ready_fd: int
     ) -> None:
         try:
             signal.set_wakeup_fd(-1)  # before its fd closes and the number is reused
@@ -235,7 +240,7 @@ class Zygote:
                 sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            child.prepare(request, out_fd, ready_fd)
+            child.prepare(request, stdio, ready_fd)
         except BaseException:  # nothing may unwind into the zygote's loop
             with contextlib.suppress(Exception):
                 os.write(2, traceback.format_exc().encode())

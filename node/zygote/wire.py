@@ -1,5 +1,7 @@
 """The zygote's messages: a 4-byte big-endian length and a JSON object, the request carrying
-the child's stdout (its log) as an SCM_RIGHTS file descriptor.
+the child's standard streams as SCM_RIGHTS file descriptors: one (stdout and stderr, its log;
+stdin /dev/null) for a service, three (stdin, stdout, stderr) for a command whose output the
+caller captures (`stdio`).
 
 Client → zygote: `{"op": "ping"}` or `{"op": "spawn", ...}` (the fields of `SpawnRequest`).
 Zygote → client: `{"ready": true}`; or `{"pid": N}` then, once reaped, `{"exit": RC}`; or
@@ -17,6 +19,7 @@ from typing import Any
 
 MAX_MESSAGE = 1 << 20  # a request is argv + env: a few KiB
 NAMESPACES = ("net", "mnt", "pid", "user", "uts", "ipc")
+STDIO_FDS = {"log": 1, "pipes": 3}  # how many fds a request of each `stdio` kind carries
 
 
 class BadRequest(ValueError):
@@ -37,6 +40,7 @@ class SpawnRequest:
     ignored_signals: tuple[int, ...]  # SIG_IGN in the caller: stays ignored, as across exec
     namespaces: dict[str, str]  # name -> /proc/self/ns/NAME link of the caller
     cgroups: str  # the caller's /proc/self/cgroup: the child joins its groups
+    stdio: str = "log"  # "log": one fd for stdout+stderr; "pipes": stdin, stdout, stderr
 
     @property
     def module(self) -> str:
@@ -82,8 +86,11 @@ def parse_spawn(message: dict[str, Any]) -> SpawnRequest:
     cgroups = message.get("cgroups")
     if not isinstance(cgroups, str):
         raise BadRequest("cgroups", "not a string")
+    stdio = message.get("stdio", "log")
+    if stdio not in STDIO_FDS:
+        raise BadRequest("stdio", f"not one of {sorted(STDIO_FDS)}")
     return SpawnRequest(
-        argv, dict(env), cwd, new_session, umask, tuple(ignored), dict(namespaces), cgroups
+        argv, dict(env), cwd, new_session, umask, tuple(ignored), dict(namespaces), cgroups, stdio
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.committee_reads import nodes_of
+from node.procs import run_captured
 from node.server.launcher import pid_alive
 
 UP_TIMEOUT_S = 900
@@ -48,10 +49,10 @@ def shared_verifiers() -> int:
 
 
 def planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`planet ARGS` in a fresh process (the CLI as a person runs it)."""
-    return subprocess.run(
+    """`planet ARGS` in a process of its own (the CLI as a person runs it; forked by the
+    session's zygote where it can, node.procs.run_captured)."""
+    return run_captured(
         [sys.executable, "-m", "planet", *args],
-        capture_output=True,
         text=True,
         timeout=timeout,
         env=env,

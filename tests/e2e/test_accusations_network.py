@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from deploy.committee.genesis import set_genesis_evm
 from deploy.committee.network import load_network
 from node.chain.committee_rpc import CommitteeRpc
 from node.keys import read_operator_key
+from node.procs import run_captured
 from protocol.committee.envelope import sign
 from protocol.committee.verification import SeedCommit, VerdictVote, seed_commitment
 from protocol.eip712 import committee_domain
@@ -72,9 +72,8 @@ def committee(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         planet(directory, "up", "--timeout", "90", timeout=150)
         yield directory
     finally:
-        subprocess.run(
+        run_captured(
             [*_planet_command(), "committee", "down", "--dir", str(directory)],
-            capture_output=True,
             timeout=60,
             check=False,
         )

@@ -55,6 +55,7 @@ from abci_app.codes import Code
 from abci_app.extensions import VX_PREFIX
 from node.chain.committee_link import CommitteeLink
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, decode_block_txs
+from node.procs import run_captured
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
@@ -86,14 +87,14 @@ HOSTILE_TXS_PER_VALIDATOR = 250
 
 
 def _planet_command() -> list[str]:
-    script = Path(sys.executable).parent / "planet"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "planet"]
+    """`python -m planet` (the console script's code): forked by the session's zygote."""
+    return [sys.executable, "-m", "planet"]
 
 
 def planet(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run `planet committee <args> --dir <directory>`; fails the test with its stderr."""
     command = [*_planet_command(), "committee", *args, "--dir", str(directory)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    done = run_captured(command, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stderr}"
     return done
 
@@ -191,9 +192,8 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         planet(directory, "up", "--timeout", "90", timeout=150)
         yield directory
     finally:
-        subprocess.run(
+        run_captured(
             [*_planet_command(), "committee", "down", "--dir", str(directory)],
-            capture_output=True,
             timeout=60,
             check=False,
         )

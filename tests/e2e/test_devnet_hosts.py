@@ -56,6 +56,7 @@ from typing import Any
 import pytest
 
 from deploy.netlab import can_make_hosts, can_run_proxies
+from node.procs import run_captured
 from node.server.launcher import pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -84,9 +85,8 @@ def _namespaces() -> None:
 
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    done = subprocess.run(
+    done = run_captured(
         [sys.executable, "-m", "planet", *args],
-        capture_output=True,
         text=True,
         timeout=timeout,
         env=env,

@@ -69,6 +69,7 @@ from harness.committee_reads import nodes_of
 from harness.personal_client import personal_client
 from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
+from node.procs import run_captured
 from node.server.launcher import pid_alive
 from node.zygote import ENV_VAR as ZYGOTE
 from protocol.paid_credits import parse_paid_credit, spent_id
@@ -454,10 +455,9 @@ def _charging_operator(
     address = load_or_create_wallet(home / "wallet.json", password).address
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     assert funded.returncode == 0, funded.stderr
-    staked = subprocess.run(
+    staked = run_captured(
         [sys.executable, "-m", "planet", "stake", "--role", "compute", "--amount", "1",
          "--home", str(home)],
-        capture_output=True,
         text=True,
         env=with_password,
         timeout=180,

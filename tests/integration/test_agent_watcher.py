@@ -40,6 +40,7 @@ from harness.committee_reads import nodes_of
 from node.chain.evm.account import PlanetChain
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
+from node.procs import run_captured
 from node.server.launcher import start_node, stop_pid, wait_healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -309,9 +310,9 @@ def test_a_staked_relay_registers_is_listed_and_leaves(world: World) -> None:
     finally:
         relay.send_signal(signal.SIGTERM)
         relay.wait(30)
-    left = subprocess.run(
+    left = run_captured(
         [sys.executable, "-m", "planet", "relay", "leave", *chains],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env, text=True, timeout=60,
     )  # fmt: skip
     assert left.returncode == 0, left.stderr
     assert _query(world, "/relays")["relays"] == []

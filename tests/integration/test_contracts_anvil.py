@@ -48,6 +48,7 @@ from node.chain.evm.errors import (
     WithdrawalNotYetAvailable,
     WrongConsumer,
 )
+from node.procs import run_captured
 from protocol.eip712 import (
     OFFENCE_FAILED_VERIFICATION,
     ROLE_COMPUTE,
@@ -806,11 +807,10 @@ def _planet_balance(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[s
         "PLANET_PASSWORD": "pw",
         "PLANET_LOG_LEVEL": "WARNING",
     }
-    return subprocess.run(
+    return run_captured(
         [sys.executable, "-m", "planet", "balance", *argv],
         cwd=REPO_ROOT,
         env=env,
-        capture_output=True,
         text=True,
         timeout=120,
         check=False,

@@ -34,6 +34,7 @@ from node.client.sampling import SamplingConfig
 from node.client.types import Hop
 from node.gateway.circuits import PREFILL_CHUNK
 from node.gateway.escrow_reads import POSITIVE_TTL_S
+from node.procs import run_captured
 from protocol.frames.dtypes import WIRE_DTYPE
 from protocol.payment import payment_domain, verify_receipt_json
 
@@ -421,9 +422,8 @@ def test_gateway_keeps_answering_through_a_node_whose_heartbeats_stop(
 
 def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
-    return subprocess.run(
+    return run_captured(
         [sys.executable, "-m", "planet", "ask", "--pay", *args],
-        capture_output=True,
         text=True,
         env=env,
         timeout=120,
@@ -494,9 +494,8 @@ def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
 
 def _planet_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
-    return subprocess.run(
+    return run_captured(
         [sys.executable, "-m", "planet", *args],
-        capture_output=True,
         text=True,
         env=env,
         timeout=120,

@@ -39,6 +39,7 @@ from harness.gateway_net import (
     prepared_manifest,
     wait_for,
 )
+from node.procs import run_captured
 from protocol.payment import (
     PaymentKey,
     payment_domain,
@@ -337,9 +338,8 @@ def test_vouchers_and_keys_expiring_before_the_committee_could_charge_them_are_r
 
 def _planet(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
-    return subprocess.run(
+    return run_captured(
         [sys.executable, "-m", "planet", *args],
-        capture_output=True,
         text=True,
         env=env,
         timeout=120,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from node.model.manifest import Manifest, verify_directory
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
 from node.model.source import ensure_default_fp32
+from node.procs import run_captured
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,10 +37,10 @@ def fp32_dir() -> Path:
 @pytest.fixture(scope="module")
 def fp32_manifest(tmp_path_factory: pytest.TempPathFactory, fp32_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "3p-none"
-    result = subprocess.run(
+    result = run_captured(
         [sys.executable, "-m", "planet", "model", "prepare", "--parts", "3",
          "--quant", "none", "--out", str(out), "--json"],
-        capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
+        text=True, timeout=300, env={**os.environ}, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)

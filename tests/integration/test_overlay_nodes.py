@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from node.client.overlay import OverlayLink, OverlayRoute, choose_paths
 from node.client.types import Hop as NodeHop
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
+from node.procs import run_captured
 from node.relay.relay import Relay, create_app
 from protocol import sida
 from protocol.overlay import SETUP_BYTES, Cell, CellKind, Hop, build_onion
@@ -242,7 +242,7 @@ def _ask_process(
     env = connect_logging(env, root / "connect-hook", connects)
     command = [sys.executable, "-m", "planet", "ask", QUESTION[0]["content"], "--json"]
     command += ["--nodes", str(nodes_file), "--max-tokens", str(NEW_TOKENS), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    done = run_captured(command, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), set(connected_ports(connects))
 

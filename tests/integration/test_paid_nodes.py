@@ -45,7 +45,7 @@ from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.procs import Child, spawn_logged
+from node.procs import Child, run_captured, spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from planet.main import main
 from protocol.blind_bls import ThresholdCredit
@@ -238,7 +238,7 @@ def _ask(
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}
     if connects is not None:
         env = connect_logging(env, net["root"] / "connect-hook", connects)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    return run_captured(command, text=True, timeout=300, env=env)
 
 
 def test_ask_pays_each_node_per_chunk_and_the_agents_redeem_every_credit(net) -> None:

@@ -20,6 +20,7 @@ from harness.gateway_net import ephemeral_port, http_json, prepared_manifest
 from harness.replica_net import chunked_model
 from node.keys import PASSWORD_ENV, create_node_key
 from node.model.manifest import Manifest
+from node.procs import run_captured
 from node.server.launcher import NODE_MARKER, start_node, stop_pid, wait_healthy
 from protocol.canonical import hash_file
 
@@ -72,12 +73,7 @@ def test_fetch_from_three_nodes_bans_the_corrupting_one_and_completes(
     peers = [arg for url in (bad, *honest) for arg in ("--peer", url)]
     command = [sys.executable, "-m", "planet", "model", "fetch", "--model", str(home)]
     command += ["--shard", "0", "--json", *peers]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_captured(command, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert hash_file(home / entry.file) == entry.hash
