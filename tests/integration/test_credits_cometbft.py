@@ -68,7 +68,7 @@ PRICE = 10**12
 LAYER_TOKENS = 4096
 
 
-class _NetCommittee:
+class NetCommittee:
     """The watcher's `Committee` over this test's network (what `MintSigner` reads and sends
     through)."""
 
@@ -81,6 +81,36 @@ class _NetCommittee:
     async def send(self, body: Any, *, timeout_s: float = 20.0) -> tuple[int, str]:
         answer = self._send(body)
         return int(answer.get("code", 0)), str(answer.get("log", ""))
+
+
+def _genesis(net: Any, *, epoch_length: int, **credits: int) -> None:
+    """The test chain's genesis: this validator bound to OPERATOR_KEY, the EVM section, and
+    the first key period's DKG in 3 × 4 blocks (room for a loaded machine's pass: the key at
+    block 13); `credits` adds to its credits section (e.g. `sign_blocks`). Registrations live
+    100,000 blocks: the default 100 deleted the node's before it redeemed on a loaded machine
+    (CI of d8b007d)."""
+    path = net.home / "config" / "genesis.json"
+    genesis = json.loads(path.read_text())
+    genesis["app_state"] = {
+        "epoch_length": epoch_length,
+        "heartbeat_timeout": 100_000,
+        "registration_ttl": 100_000,
+        "evm": {
+            "chain_id": EVM_CHAIN_ID,
+            "committee_address": COMMITTEE,
+            "fraud_proofs_address": FRAUD_PROOFS,
+            "escrow_address": ESCROW,
+        },
+        "validators": {net.validator_address: address_of(OPERATOR_KEY)},
+        "credits": {
+            "price_wei": str(PRICE),
+            "layer_tokens": LAYER_TOKENS,
+            "key_period_blocks": 100_000,
+            "dkg_phase_blocks": 4,
+            **credits,
+        },
+    }
+    path.write_text(json.dumps(genesis, indent=1))
 
 
 @contextlib.contextmanager
@@ -104,7 +134,7 @@ def _vouching(net: Any, *, sign_partials: bool = True) -> Iterator[None]:
         nonce = net.query(f"/nonce?account={signer}")["nonce"] + 1
         return net.submit(sign(body, key, nonce).encode())
 
-    signer_pass = MintSigner(_NetCommittee(net, send), store)
+    signer_pass = MintSigner(NetCommittee(net, send), store)
 
     def vouch() -> None:
         done: set[str] = set()
@@ -144,31 +174,7 @@ def _mints_of(net: Any, payer: bytes) -> list[dict[str, Any]]:
 
 def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
     with open_net(tmp_path, app_state={}) as net:
-        genesis_path = net.home / "config" / "genesis.json"
-        genesis = json.loads(genesis_path.read_text())
-        genesis["app_state"] = {
-            "epoch_length": 100_000,
-            "heartbeat_timeout": 100_000,
-            # kept from before the node was staked here: the default 100 blocks deleted its
-            # registration before it redeemed on a loaded machine (CI of d8b007d)
-            "registration_ttl": 100_000,
-            "evm": {
-                "chain_id": EVM_CHAIN_ID,
-                "committee_address": COMMITTEE,
-                "fraud_proofs_address": FRAUD_PROOFS,
-                "escrow_address": ESCROW,
-            },
-            "validators": {net.validator_address: address_of(OPERATOR_KEY)},
-            # the first key period's DKG in 3 × 4 blocks (room for a loaded machine's pass):
-            # the key at block 13
-            "credits": {
-                "price_wei": str(PRICE),
-                "layer_tokens": LAYER_TOKENS,
-                "key_period_blocks": 100_000,
-                "dkg_phase_blocks": 4,
-            },
-        }
-        genesis_path.write_text(json.dumps(genesis, indent=1))
+        _genesis(net, epoch_length=100_000)
         net.start_app()
         net.start_node()
         net.wait_height(1)
@@ -307,29 +313,8 @@ def test_credits_withheld_partials_are_refunded_after_the_deadline_on_cometbft(
     the payer's row of exactly its price is on the pool page of that epoch's close, and the
     purchase in the wallet is dropped with the refund named."""
     with open_net(tmp_path, app_state={}) as net:
-        genesis_path = net.home / "config" / "genesis.json"
-        genesis = json.loads(genesis_path.read_text())
         length = 10
-        genesis["app_state"] = {
-            "epoch_length": length,
-            "heartbeat_timeout": 100_000,
-            "registration_ttl": 100_000,
-            "evm": {
-                "chain_id": EVM_CHAIN_ID,
-                "committee_address": COMMITTEE,
-                "fraud_proofs_address": FRAUD_PROOFS,
-                "escrow_address": ESCROW,
-            },
-            "validators": {net.validator_address: address_of(OPERATOR_KEY)},
-            "credits": {
-                "price_wei": str(PRICE),
-                "layer_tokens": LAYER_TOKENS,
-                "key_period_blocks": 100_000,
-                "dkg_phase_blocks": 4,
-                "sign_blocks": 5,
-            },
-        }
-        genesis_path.write_text(json.dumps(genesis, indent=1))
+        _genesis(net, epoch_length=length, sign_blocks=5)
         net.start_app()
         net.start_node()
         net.wait_height(1)

@@ -20,7 +20,6 @@ import json
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
 from tests.integration.test_abci_cometbft import Net
+from tests.integration.test_credits_cometbft import NetCommittee
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -80,21 +80,6 @@ class Member:
             return self.net.submit(sign(body, self.key, nonce).encode())
 
 
-class _MemberCommittee:
-    """The watcher's `Committee` over one member's RPC (what `MintSigner` reads and sends)."""
-
-    def __init__(self, member: Member) -> None:
-        self.member = member
-
-    async def query(self, path: str, **params: Any) -> Any:
-        full = f"{path}?{urllib.parse.urlencode(params)}" if params else path
-        return self.member.net.query(full)
-
-    async def send(self, body: Any, *, timeout_s: float = 20.0) -> tuple[int, str]:
-        answer = self.member.send(body)
-        return int(answer.get("code", 0)), str(answer.get("log", ""))
-
-
 def _genesis(network: Network, outsider: int) -> None:
     """Every node's genesis: without the outsider in `validators`, with credits on."""
     for spec in network.validators:
@@ -126,7 +111,7 @@ def _watching(members: list[Member]) -> Iterator[None]:
     machine: the chain runs the DKG again) is logged; any other failure is raised at exit."""
     stop = threading.Event()
     crashed: list[BaseException] = []
-    signers = {m.pub_key: MintSigner(_MemberCommittee(m), m.store) for m in members}
+    signers = {m.pub_key: MintSigner(NetCommittee(m.net, m.send), m.store) for m in members}
 
     def run() -> None:
         done: set[tuple[str, str]] = set()
