@@ -68,7 +68,7 @@ def paying_client(env: dict[str, str], user: User, gateway_url: str) -> Any:
 
 def ask(api: Any) -> tuple[float, float, int, str]:
     """One paid question through the gateway: (started, ended (monotonic), 0 or the HTTP status
-    of the refusal (1 without one), the answer or the refusal's text)."""
+    of the refusal (1 without one), the answer or the refusal's code and text)."""
     import openai
 
     started = time.monotonic()
@@ -79,7 +79,9 @@ def ask(api: Any) -> tuple[float, float, int, str]:
             max_tokens=24, temperature=0,
         )  # fmt: skip
     except openai.APIStatusError as refused:
-        return started, time.monotonic(), refused.status_code, str(refused)
+        # the error's code (`no_routable_node`): openai's text holds only the message
+        text = f"{getattr(refused, 'code', None)}: {refused}"
+        return started, time.monotonic(), refused.status_code, text
     except openai.APIError as failed:
         return started, time.monotonic(), 1, f"{type(failed).__name__}: {failed}"
     return started, time.monotonic(), 0, answer.choices[0].message.content or ""
