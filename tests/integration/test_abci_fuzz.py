@@ -148,6 +148,7 @@ ROUTES = (
     "/spot_reports",
     "/relays",
     "/mint_partials",
+    "/validator_changes",
     "/credit_partials",
 )
 PARAMS = (
