@@ -217,19 +217,24 @@ def verify_credit(group_key: G2, credit: ThresholdCredit) -> None:
         raise CreditSignatureError("the signature does not verify under the committee key")
 
 
-def _batch_coefficients(group_key: G2, credits: Sequence[ThresholdCredit]) -> list[int]:
-    transcript = hashlib.sha256(_BATCH_DOMAIN + bls.g2_bytes(group_key))
-    for credit in credits:
-        transcript.update(credit.to_bytes())
-    seed = transcript.digest()
+def _coefficients(seed: bytes, count: int) -> list[int]:
+    """`count` batch coefficients ρ_i = 1 + the first _BATCH_COEFFICIENT_BYTES of
+    SHA-256(seed ‖ i): nonzero, and unpredictable before every input is fixed in `seed`."""
     return [
         1
         + int.from_bytes(
             hashlib.sha256(seed + index.to_bytes(8, "big")).digest()[:_BATCH_COEFFICIENT_BYTES],
             "big",
         )
-        for index in range(len(credits))
+        for index in range(count)
     ]
+
+
+def _batch_coefficients(group_key: G2, credits: Sequence[ThresholdCredit]) -> list[int]:
+    transcript = hashlib.sha256(_BATCH_DOMAIN + bls.g2_bytes(group_key))
+    for credit in credits:
+        transcript.update(credit.to_bytes())
+    return _coefficients(transcript.digest(), len(credits))
 
 
 def verify_credits(group_key: G2, credits: Sequence[ThresholdCredit]) -> None:
@@ -258,15 +263,7 @@ def _partials_coefficients(
     )
     for point in (*blinded, *partials):
         transcript.update(point)
-    seed = transcript.digest()
-    return [
-        1
-        + int.from_bytes(
-            hashlib.sha256(seed + index.to_bytes(8, "big")).digest()[:_BATCH_COEFFICIENT_BYTES],
-            "big",
-        )
-        for index in range(len(blinded))
-    ]
+    return _coefficients(transcript.digest(), len(blinded))
 
 
 def verify_partials(
