@@ -606,3 +606,19 @@ def test_credits_mints_query_refuses_hostile_parameters_by_name(tmp_path: Path) 
     assert refused.value.code == Code.BAD_QUERY
     code, value, _ = query(chain.state, "/mints?pending=true", b"")
     assert code == Code.OK and [m["id"] for m in json.loads(value)["mints"]] == [req.mint_id]
+
+
+def test_credits_finalize_one_bad_partial_voids_that_validators_whole_set(tmp_path: Path) -> None:
+    """A set is checked as one batch: the validator whose second of three partials is wrong
+    counts for none of the three credits, and the others' sets still make the mint."""
+    chain = credit_chain(tmp_path)
+    req = request(chain, 3)
+    assert send(chain, req.body).code == Code.OK
+    fund(chain, req.mint_id)
+    answers = gather(chain, tmp_path, req.mint_id)
+    partials = list(answers[0]["partials"])
+    partials[1] = bls.g1_bytes(bls.g1_generator()).hex()
+    bad = {**answers[0], "partials": partials}
+    assert len(req.finalize(period_key(chain), [bad, *answers[1:]])) == 3  # 3 good of 4
+    with pytest.raises(MintIncomplete):
+        req.finalize(period_key(chain), [bad, *answers[2:]])  # 2 good: t is 3
