@@ -148,6 +148,37 @@ def test_a_client_that_died_after_the_funding_gets_its_credits_on_the_next_run(
     assert len(_pending_debits(chain)) == 1  # charged once
 
 
+def test_a_client_that_died_after_the_funding_finds_its_mint_refunded_and_drops_it(
+    tmp_path: Path,
+) -> None:
+    """Funded, then no validator posts its partials and the client is gone past the signing
+    deadline: the next run drops the purchase naming the refund (the price is the payer's row),
+    keeps nothing pending and gets no credit for it."""
+    chain, stores, request, _, wallet = _setup(tmp_path)
+    [landed] = chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
+    assert landed.code == Code.OK
+    assert _fund(chain, request.mint_id) == [Code.OK] * len(chain.validators)
+    deadline = chain.state.committed("mint", request.mint_id)["deadline"]
+    while chain.state.height <= deadline:
+        chain.block([])
+    assert chain.state.committed("mint", request.mint_id)["refunded_height"] == deadline
+    [pending] = wallet.pending()
+    lines: list[str] = []
+    credits = asyncio.run(
+        complete(
+            ChainLink(chain),
+            _gather(chain, stores),
+            wallet,
+            pending,
+            timeout_s=1.0,
+            fund_timeout_s=0.01,
+            progress=lines.append,
+        )
+    )
+    assert credits == [] and wallet.count() == 0 and wallet.pending() == []
+    assert any("refunded at block" in line for line in lines), lines
+
+
 def test_a_purchase_is_on_disk_before_its_mint_is_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
