@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from node.zygote import netns
 from node.zygote.wire import NAMESPACES, SpawnRequest
 
 # read by C code at load time (not through os.environ), or by the interpreter at start-up
@@ -131,8 +132,16 @@ class Fit:
         """Why `request` cannot be served by a fork of this zygote; None if it can."""
         if request.argv[0] != self.executable:
             return f"interpreter {request.argv[0]} is not {self.executable}"
-        if request.namespaces != self.spaces:
-            return "other namespaces"
+        if request.netns is not None:  # the child leaves the caller's network namespace
+            if any(request.namespaces[k] != v for k, v in self.spaces.items() if k != "net"):
+                return "other namespaces"
+            why = netns.refusal(request.netns)
+            if why is not None:
+                return why
+        elif request.namespaces != self.spaces:
+            differ = {k for k, v in self.spaces.items() if request.namespaces[k] != v}
+            if "net" not in differ or not differ <= netns.JOINED:
+                return "other namespaces"  # else the child joins the caller's (netns.join)
         differ = sorted(
             k for k in self.import_env_keys(request.env) if request.env.get(k) != self.env.get(k)
         )

@@ -58,6 +58,7 @@ import pytest
 from deploy.netlab import can_make_hosts, can_run_proxies
 from node.procs import run_captured
 from node.server.launcher import pid_alive
+from node.zygote import ENV_VAR as ZYGOTE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -113,7 +114,9 @@ def _home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 
 def _clean_env(home: Path) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    # the session's zygote stays (tests/conftest.py): the devnet's processes in their hosts and
+    # the commands run there are forked from it (`ip netns exec` in a fork: node/zygote/netns.py)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_") or k == ZYGOTE}
     return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
 
 
