@@ -142,7 +142,8 @@ def spawn(
     cwd: str | os.PathLike[str] | None = None,
     new_session: bool = True,
 ) -> ZygoteChild | None:
-    """`argv` (`python -m MODULE ...`) forked by the zygote with stdin /dev/null, stdout and
+    """`argv` (`python -m MODULE ...`, or that behind `ip netns exec NS`: the child enters NS,
+    node.zygote.netns) forked by the zygote with stdin /dev/null, stdout and
     stderr on the fd `stdout` — or, given three fds, its stdin, stdout and stderr on them —
     exactly `env`, in `cwd` (default: ours), in a session of its own if `new_session`; None
     where the caller must start it itself (see the module)."""

@@ -4,7 +4,9 @@ and the caller starts it with Popen).
 A fresh interpreter fixes some things at start-up that a fork inherits from the zygote instead:
 
 - the interpreter itself: argv[0] must be the zygote's `sys.executable`;
-- the namespaces (network, mount, pid, ...): a child lives in the zygote's;
+- the namespaces (network, mount, pid, ...): a child lives in the zygote's, but for the network
+  namespace that `ip netns exec NS` names or that the caller lives in (with its mount
+  namespace; node.zygote.netns);
 - the environment that is read before or while the preloaded modules import: every variable
   the preload read through `os.environ` (recorded, `Recorder`), and every variable with a
   prefix that C libraries read when they load (OpenMP's thread pool, MKL, the dynamic linker,
