@@ -56,7 +56,7 @@ from typing import Any
 import pytest
 
 from deploy.netlab import can_make_hosts, can_run_proxies
-from node.procs import run_captured
+from node.procs import run_captured, spawn_process
 from node.server.launcher import pid_alive
 from node.zygote import ENV_VAR as ZYGOTE
 
@@ -353,8 +353,8 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
         str(PUBLIC_ONLY_PORT), "--next-hops", "committee", "--committee-rpc",
         devnet["committee_rpc"][0], "--plaintext-links",  # a throwaway node, no key of its own
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        node = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log, "wb") as out:  # forked by the session's zygote, where it serves
+        node = spawn_process(argv, out.fileno(), env=env, new_session=False)
     try:
         circuit = json.loads(Path(devnet["nodes_file"]).read_text())
         first = next(n for n in circuit["nodes"] if n["shard"] == 0)
@@ -549,7 +549,7 @@ def overlay_question(env, devnet, relays, user_credits) -> dict[str, Any]:
         "--credits-file", str(user_credits),
     ]  # fmt: skip
     with open(log, "wb") as out:
-        client = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        client = spawn_process(argv, out.fileno(), env=env, new_session=False)
     try:
         wait = ["devnet", "exec", "user", "--", sys.executable, "-c", PERSONAL_WAIT, url,
                 str(token)]  # fmt: skip
