@@ -31,7 +31,10 @@ or embedding rows in clear on any link.
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
 With the `planet ask --relays` question (one more question over the relays) the module ran
-241 s wall, 11 passed, the box lightly loaded.
+241 s wall, 11 passed, the box lightly loaded. With every process in the hosts and every
+`planet devnet exec ... planet` command forked from the session's zygote (issue 41: `ip netns
+exec` done by the fork, node/zygote/netns.py): 147 -> 80 CPU-s for the module (slot.sh's
+cpuacct, one run each, the same box).
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
