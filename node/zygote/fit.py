@@ -69,8 +69,9 @@ class Recorder(os._Environ):  # type: ignore[name-defined,misc]  # os.environ's 
 
 
 def namespaces() -> dict[str, str]:
-    """This process's namespaces: name -> the /proc/self/ns link ("net:[4026531840]")."""
-    return {name: os.readlink(f"/proc/self/ns/{name}") for name in NAMESPACES}
+    """This thread's namespaces (a thread may enter a network namespace of its own): name ->
+    the /proc/thread-self/ns link ("net:[4026531840]")."""
+    return {name: os.readlink(f"/proc/thread-self/ns/{name}") for name in NAMESPACES}
 
 
 def _origin(module: Any) -> str | None:
@@ -144,6 +145,9 @@ class Fit:
             differ = {k for k, v in self.spaces.items() if request.namespaces[k] != v}
             if "net" not in differ or not differ <= netns.JOINED:
                 return "other namespaces"  # else the child joins the caller's (netns.join)
+            why = netns.unjoinable(request.caller, request.namespaces)
+            if why is not None:
+                return why
         differ = sorted(
             k for k in self.import_env_keys(request.env) if request.env.get(k) != self.env.get(k)
         )

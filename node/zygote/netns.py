@@ -6,7 +6,8 @@ What `ip netns exec NS` does (iproute2's netns_switch), and what a forked child 
 - setns(/var/run/netns/NS, CLONE_NEWNET): the same (`enter`), right after the fork, while the
   child is still single-threaded (the zygote forks only with one thread);
 - unshare(CLONE_NEWNS), / made a recursive slave, /sys unmounted and sysfs mounted afresh
-  (read-only if /sys was), so that /sys/class/net lists the namespace's interfaces: the same;
+  (over it, read-only if it was, where it cannot be unmounted), so that /sys/class/net lists
+  the namespace's interfaces: the same;
 - a bind mount of each file in /etc/netns/NS over its namesake in /etc (a namespace's own
   hosts or resolv.conf): not done here — a request for a namespace that has that folder is
   refused (`refusal`), and the caller runs `ip netns exec` itself;
@@ -66,8 +67,8 @@ def refusal(name: str) -> str | None:
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        errno = ctypes.get_errno()
-        raise EnterError(errno, f"{what}: {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise EnterError(code, f"{what}: {os.strerror(code)}")
 
 
 def enter(name: str) -> None:
@@ -94,6 +95,19 @@ def enter(name: str) -> None:
 
 
 JOINED = frozenset({"net", "mnt"})  # what `join` takes from the caller
+
+
+def unjoinable(pid: int, spaces: Mapping[str, str]) -> str | None:
+    """Why a child cannot join the namespaces the caller `pid` named (`spaces`, its calling
+    thread's): where they are not its process's (a thread that entered another one itself,
+    deploy.devnet.hosts `inside`), Popen from that thread is what puts a child there."""
+    for kind in sorted(JOINED):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/{kind}") != spaces[kind]:
+                return f"the caller's thread is in another {kind} namespace than its process"
+        except OSError as error:
+            return f"the caller's {kind} namespace: {error.strerror}"
+    return None
 
 
 def join(pid: int, spaces: Mapping[str, str]) -> None:

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -318,3 +319,38 @@ def test_request_with_a_bad_netns_name_is_refused_by_name(name: object) -> None:
     with pytest.raises(BadRequest) as raised:
         parse_spawn(message)
     assert raised.value.field == "netns"
+
+
+def _spawn_inside(folder: Path, netns: str, *, on_a_thread: bool) -> ZygoteChild | subprocess.Popen:
+    """The probe started by a thread that entered `netns` itself (deploy.devnet.hosts `inside`:
+    `planet devnet up` runs its steps so, in the devnet's `user` host)."""
+    from deploy.devnet.hosts import inside
+
+    started: list[ZygoteChild | subprocess.Popen] = []
+
+    def start() -> None:
+        with inside(netns):
+            argv = [sys.executable, "-m", "zprobe", "where", ADDRESS]
+            started.append(spawn_logged(argv, folder / "probe.log", cwd=folder))
+
+    if on_a_thread:
+        thread = threading.Thread(target=start)
+        thread.start()
+        thread.join()
+    else:
+        start()
+    return started[0]
+
+
+@pytest.mark.parametrize("on_a_thread", [False, True])
+def test_a_thread_inside_a_namespace_starts_its_children_there(
+    probe_dir: Path, netns: str, on_a_thread: bool
+) -> None:
+    """The main thread's namespace is its process's: the child joins it. Another thread's is
+    not what /proc/PID/ns shows: Popen from that thread puts the child there."""
+    child = _spawn_inside(probe_dir, netns, on_a_thread=on_a_thread)
+    assert isinstance(child, ZygoteChild) is not on_a_thread
+    assert child.wait(timeout=60) == 0
+    seen = json.loads(since_last_start((probe_dir / "probe.log").read_text()))
+    assert seen["net"] == f"net:[{os.stat(f'/var/run/netns/{netns}').st_ino}]"
+    assert seen["bound"] > 0
