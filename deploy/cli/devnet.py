@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -487,6 +486,7 @@ def _fund(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     from deploy.devnet.hosts import exec_argv  # lazy: deploy.netlab
     from deploy.devnet.plan import devnet_dir, read_state
+    from node.zygote.handoff import exec_or_fork
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     directory = devnet_dir(_home(args))
@@ -497,10 +497,7 @@ def _exec(args: argparse.Namespace) -> int:
             hint="planet devnet up --hosts --detach (as root), or pass --home",
         )
     argv, env = exec_argv(state, directory, args.host, command)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvpe(argv[0], argv, env)
-    return 127  # not reached: exec replaces this process
+    exec_or_fork(argv, env)  # the exec, or the zygote's fork in its stead (the test lanes)
 
 
 def _reputation(node: dict[str, Any]) -> str:

@@ -22,8 +22,9 @@ libraries read at import, modules that the child's cwd would shadow), the caller
 process with `subprocess.Popen` as before.
 
 Modules: `wire` (the messages, parsed), `fit` (whether a request can be served), `cmdline`
-(a child's argv and environment in /proc), `child` (what a forked child does), `server` (the
-zygote's loop), `client` (the caller's side: `spawn`, `ZygoteChild`).
+(a child's argv and environment in /proc), `child` (what a forked child does), `netns` (`ip
+netns exec NS` done by the child), `server` (the zygote's loop), `client` (the caller's side:
+`spawn`, `ZygoteChild`), `handoff` (an exec that the zygote's fork stands in for).
 """
 
 ENV_VAR = "PLANET_ZYGOTE"

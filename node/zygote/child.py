@@ -24,7 +24,7 @@ import sys
 import types
 from pathlib import Path
 
-from node.zygote import cmdline, fit
+from node.zygote import cmdline, fit, netns
 from node.zygote.wire import SpawnRequest
 
 CPU_CGROUP_ENV = "PLANET_CPU_CGROUP"  # where the test lanes reach the cpuacct hierarchy
@@ -83,6 +83,20 @@ def _std_fds(stdio: list[int]) -> None:
         os.close(fd)
 
 
+def _enter_namespaces(request: SpawnRequest) -> None:
+    """`ip netns exec NAME`'s part, or the caller's network namespace where it lives in another
+    (node.zygote.netns); where that fails, the message on stderr and status 255 (the ip
+    command's own)."""
+    try:
+        if request.netns is not None:
+            netns.enter(request.netns)
+        elif request.namespaces != fit.namespaces():
+            netns.join(request.caller, request.namespaces)
+    except netns.EnterError as error:
+        os.write(2, f"{error.strerror}\n".encode())
+        os._exit(255)
+
+
 def prepare(request: SpawnRequest, stdio: list[int], ready_fd: int) -> None:
     """Right after the fork: everything that is the kernel's view of the new process; then
     one byte on `ready_fd` (the zygote tells the caller the pid only once /proc shows the
@@ -91,6 +105,7 @@ def prepare(request: SpawnRequest, stdio: list[int], ready_fd: int) -> None:
         os.setsid()
     _join_cgroups(request)
     _std_fds(stdio)
+    _enter_namespaces(request)
     os.closerange(3, ready_fd)  # Popen's close_fds: whatever the zygote held
     os.closerange(ready_fd + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir(request.cwd)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from node.zygote import ENV_VAR
 from node.zygote.fit import namespaces
+from node.zygote.netns import split as split_netns
 from node.zygote.wire import BadRequest, receive, send
 
 log = logging.getLogger(__name__)
@@ -141,14 +142,16 @@ def spawn(
     cwd: str | os.PathLike[str] | None = None,
     new_session: bool = True,
 ) -> ZygoteChild | None:
-    """`argv` (`python -m MODULE ...`) forked by the zygote with stdin /dev/null, stdout and
+    """`argv` (`python -m MODULE ...`, or that behind `ip netns exec NS`: the child enters NS,
+    node.zygote.netns) forked by the zygote with stdin /dev/null, stdout and
     stderr on the fd `stdout` — or, given three fds, its stdin, stdout and stderr on them —
     exactly `env`, in `cwd` (default: ours), in a session of its own if `new_session`; None
     where the caller must start it itself (see the module)."""
     path = os.environ.get(ENV_VAR)
     if not path:
         return None
-    argv = [str(a) for a in argv]
+    args = [str(a) for a in argv]
+    in_netns, argv = split_netns(args)  # `ip netns exec NS python -m ...`: NS entered by the child
     if len(argv) < 3 or argv[1] != "-m":
         return None
     request = {
@@ -163,6 +166,8 @@ def spawn(
         "cgroups": Path("/proc/self/cgroup").read_text(),
         "stdio": "log" if isinstance(stdout, int) else "pipes",
     }
+    if in_netns is not None:
+        request["netns"] = in_netns
     fds = [stdout] if isinstance(stdout, int) else list(stdout)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -181,4 +186,4 @@ def spawn(
         _note_once(str(body.get("refused", f"no answer from {path}")))
         return None
     conn.settimeout(None)
-    return ZygoteChild(argv, pid, conn)
+    return ZygoteChild(args, pid, conn)

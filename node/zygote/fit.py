@@ -4,7 +4,9 @@ and the caller starts it with Popen).
 A fresh interpreter fixes some things at start-up that a fork inherits from the zygote instead:
 
 - the interpreter itself: argv[0] must be the zygote's `sys.executable`;
-- the namespaces (network, mount, pid, ...): a child lives in the zygote's;
+- the namespaces (network, mount, pid, ...): a child lives in the zygote's, but for the network
+  namespace that `ip netns exec NS` names or that the caller lives in (with its mount
+  namespace; node.zygote.netns);
 - the environment that is read before or while the preloaded modules import: every variable
   the preload read through `os.environ` (recorded, `Recorder`), and every variable with a
   prefix that C libraries read when they load (OpenMP's thread pool, MKL, the dynamic linker,
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from node.zygote import netns
 from node.zygote.wire import NAMESPACES, SpawnRequest
 
 # read by C code at load time (not through os.environ), or by the interpreter at start-up
@@ -66,8 +69,9 @@ class Recorder(os._Environ):  # type: ignore[name-defined,misc]  # os.environ's 
 
 
 def namespaces() -> dict[str, str]:
-    """This process's namespaces: name -> the /proc/self/ns link ("net:[4026531840]")."""
-    return {name: os.readlink(f"/proc/self/ns/{name}") for name in NAMESPACES}
+    """This thread's namespaces (a thread may enter a network namespace of its own): name ->
+    the /proc/thread-self/ns link ("net:[4026531840]")."""
+    return {name: os.readlink(f"/proc/thread-self/ns/{name}") for name in NAMESPACES}
 
 
 def _origin(module: Any) -> str | None:
@@ -131,8 +135,19 @@ class Fit:
         """Why `request` cannot be served by a fork of this zygote; None if it can."""
         if request.argv[0] != self.executable:
             return f"interpreter {request.argv[0]} is not {self.executable}"
-        if request.namespaces != self.spaces:
-            return "other namespaces"
+        if request.netns is not None:  # the child leaves the caller's network namespace
+            if any(request.namespaces[k] != v for k, v in self.spaces.items() if k != "net"):
+                return "other namespaces"
+            why = netns.refusal(request.netns)
+            if why is not None:
+                return why
+        elif request.namespaces != self.spaces:
+            differ = {k for k, v in self.spaces.items() if request.namespaces[k] != v}
+            if "net" not in differ or not differ <= netns.JOINED:
+                return "other namespaces"  # else the child joins the caller's (netns.join)
+            why = netns.unjoinable(request.caller, request.namespaces)
+            if why is not None:
+                return why
         differ = sorted(
             k for k in self.import_env_keys(request.env) if request.env.get(k) != self.env.get(k)
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import importlib
 import os
@@ -167,7 +168,7 @@ class Zygote:
         fds: list[int] = []
         try:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", creds)
+            peer, uid, _gid = struct.unpack("3i", creds)
             conn.settimeout(5.0)
             message = receive(conn, max_fds=max(STDIO_FDS.values()))
             if message is None:
@@ -180,7 +181,7 @@ class Zygote:
                 send(conn, {"ready": True, "pid": os.getpid()})
                 conn.close()
                 return None
-            request = parse_spawn(body)
+            request = dataclasses.replace(parse_spawn(body), caller=peer)
             expected = STDIO_FDS[request.stdio]
             if len(fds) != expected:
                 raise BadRequest("fds", f"{expected} fds expected for {request.stdio}")

@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from node.zygote.netns import valid_name
+
 MAX_MESSAGE = 1 << 20  # a request is argv + env: a few KiB
 NAMESPACES = ("net", "mnt", "pid", "user", "uts", "ipc")
 STDIO_FDS = {"log": 1, "pipes": 3}  # how many fds a request of each `stdio` kind carries
@@ -41,6 +43,8 @@ class SpawnRequest:
     namespaces: dict[str, str]  # name -> /proc/self/ns/NAME link of the caller
     cgroups: str  # the caller's /proc/self/cgroup: the child joins its groups
     stdio: str = "log"  # "log": one fd for stdout+stderr; "pipes": stdin, stdout, stderr
+    netns: str | None = None  # `ip netns exec NETNS ...`: the child joins it (node.zygote.netns)
+    caller: int = 0  # the caller's pid (SO_PEERCRED, set by the zygote; never from the message)
 
     @property
     def module(self) -> str:
@@ -89,9 +93,13 @@ def parse_spawn(message: dict[str, Any]) -> SpawnRequest:
     stdio = message.get("stdio", "log")
     if stdio not in STDIO_FDS:
         raise BadRequest("stdio", f"not one of {sorted(STDIO_FDS)}")
+    netns = message.get("netns")
+    if netns is not None and not (isinstance(netns, str) and valid_name(netns)):
+        raise BadRequest("netns", "not a network namespace's name")
     return SpawnRequest(
-        argv, dict(env), cwd, new_session, umask, tuple(ignored), dict(namespaces), cgroups, stdio
-    )
+        argv, dict(env), cwd, new_session, umask, tuple(ignored), dict(namespaces), cgroups, stdio,
+        netns,
+    )  # fmt: skip
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -31,7 +31,10 @@ or embedding rows in clear on any link.
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
 With the `planet ask --relays` question (one more question over the relays) the module ran
-241 s wall, 11 passed, the box lightly loaded.
+241 s wall, 11 passed, the box lightly loaded. With every process in the hosts and every
+`planet devnet exec ... planet` command forked from the session's zygote (issue 41: `ip netns
+exec` done by the fork, node/zygote/netns.py): 147 -> 80 CPU-s for the module (slot.sh's
+cpuacct, one run each, the same box).
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
@@ -56,8 +59,9 @@ from typing import Any
 import pytest
 
 from deploy.netlab import can_make_hosts, can_run_proxies
-from node.procs import run_captured
+from node.procs import run_captured, spawn_process
 from node.server.launcher import pid_alive
+from node.zygote import ENV_VAR as ZYGOTE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -113,7 +117,9 @@ def _home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 
 def _clean_env(home: Path) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    # the session's zygote stays (tests/conftest.py): the devnet's processes in their hosts and
+    # the commands run there are forked from it (`ip netns exec` in a fork: node/zygote/netns.py)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_") or k == ZYGOTE}
     return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
 
 
@@ -350,8 +356,8 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
         str(PUBLIC_ONLY_PORT), "--next-hops", "committee", "--committee-rpc",
         devnet["committee_rpc"][0], "--plaintext-links",  # a throwaway node, no key of its own
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        node = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log, "wb") as out:  # forked by the session's zygote, where it serves
+        node = spawn_process(argv, out.fileno(), env=env, new_session=False)
     try:
         circuit = json.loads(Path(devnet["nodes_file"]).read_text())
         first = next(n for n in circuit["nodes"] if n["shard"] == 0)
@@ -546,7 +552,7 @@ def overlay_question(env, devnet, relays, user_credits) -> dict[str, Any]:
         "--credits-file", str(user_credits),
     ]  # fmt: skip
     with open(log, "wb") as out:
-        client = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        client = spawn_process(argv, out.fileno(), env=env, new_session=False)
     try:
         wait = ["devnet", "exec", "user", "--", sys.executable, "-c", PERSONAL_WAIT, url,
                 str(token)]  # fmt: skip
