@@ -415,12 +415,12 @@ class ForwardCommittee:
                 return  # someone fetched (or tried) while we waited, or too soon to ask again
             await self._fetch(now)
 
-    async def _refresh_missed(self, seen_s: float) -> None:
-        """Read the view for a miss seen at `seen_s`, unless a read began since (it is as new
-        as this one would be) or a miss made one less than `miss_refresh_s` ago."""
+    async def _refresh_missed(self, asked_s: float) -> None:
+        """Read the view for a miss asked about at `asked_s`, unless a read began since (it is
+        as new as this one would be) or a miss made one less than `miss_refresh_s` ago."""
         async with self._lock:
             now = self.clock()
-            if self._tried_s is not None and self._tried_s >= seen_s:
+            if self._tried_s is not None and self._tried_s >= asked_s:
                 return
             if self._miss_tried_s is not None and now - self._miss_tried_s < self.miss_refresh_s:
                 return
@@ -511,13 +511,14 @@ class ForwardCommittee:
             )
 
     async def check(self, hop: NextHop) -> None:
+        asked_s = self.clock()  # a read begun from now on is as new as a miss could ask for
         _check_order(self.own_shard, hop)
         for url in hop.addresses:
             self._check_address(url)
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
-            await self._refresh_missed(self.clock())
+            await self._refresh_missed(asked_s)
         if self._allowed(hop):
             return
         if self._view is None:

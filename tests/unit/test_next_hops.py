@@ -192,6 +192,24 @@ async def test_committee_miss_rereads_at_once_after_a_read_for_another_reason(
     assert len(rpc.paths) == 4
 
 
+async def test_committee_a_stale_view_and_a_miss_in_one_check_cost_one_read(clock: Clock) -> None:
+    """The read a stale view makes already is as new as the miss could ask for (the clock
+    moves while it runs): the miss does not read again."""
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    query = rpc.abci_query
+
+    async def slow(path: str) -> Any:
+        clock.now += 0.3  # the read takes a while
+        return await query(path)
+
+    rpc.abci_query = slow  # type: ignore[method-assign]
+    clock.now += 10.5
+    await refused(policy, hop(B))
+    assert len(rpc.paths) == 2
+
+
 async def test_committee_stale_hit_refreshes_and_drops_a_node_that_left(clock: Clock) -> None:
     rpc = FakeRpc([entry(A, 1)])
     policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
