@@ -51,9 +51,10 @@ A node that only its previous hop named as the fault (`downstream_unavailable`,
 `next_hop_not_allowed`, `node_key_mismatch`: node/client/circuit.py `NEXT_HOP_FAULTS`) sits out
 `accused_cooldown_s` (5 s) instead: a hop's word about another node, which a hostile hop could
 give about an honest one, costs that node a few seconds and a fresh /info check, never 30 s.
-**A cooldown never empties a shard** (issue 44): when every node of a shard is cooling, the
-router tries them again — each /info read first, routable before graced, the one that failed
-longest ago first — and answers 503 `no_routable_node` only when none of them verifies. (A
+**A cooldown never empties a shard** (issue 44): when no node of a shard that is not cooling
+answers (or every one is cooling), the router tries the cooling ones again — each /info read
+first, routable before graced, the one that failed longest ago first — and answers 503
+`no_routable_node` only when none of them verifies either. (A
 shard whose only node failed once, a passing fault, would otherwise refuse every question for
 the whole cooldown.)
 
@@ -483,15 +484,19 @@ class Router:
     ) -> RoutableNode:
         nodes = [n for n in routable.get(shard, []) if n.key != exclude]
         candidates = [n for n in nodes if not self._cooling(n)]
-        if nodes and not candidates:
-            return await self._revive(nodes, shard)
+        cooling = [n for n in nodes if n not in candidates]
         try:
             return await self._choose_among([n for n in candidates if not n.grace], shard, prefer)
         except NoCircuit:
             graced = [n for n in candidates if n.grace]
-            if not graced:
+            if not graced and not cooling:
                 raise
-        node = await self._choose_among(graced, shard)
+        try:
+            node = await self._choose_among(graced, shard)
+        except NoCircuit:
+            if not cooling:
+                raise
+            return await self._revive(cooling, shard)
         log.warning(
             "shard %d has no routable node that answers; routing through node %s, DOWN on "
             "chain (missed heartbeats) but answering now",
@@ -501,12 +506,14 @@ class Router:
         return node
 
     async def _revive(self, nodes: list[RoutableNode], shard: int) -> RoutableNode:
-        """Every node of `shard` is cooling: rather than answer `no_routable_node`, try them
-        (each /info read again first: a cooled node is no longer verified) — routable before
-        graced, the one that failed longest ago first (route="cost"; the other routes draw
-        uniformly, as always)."""
+        """No node of `shard` that is not cooling answers (or there is none): rather than
+        answer `no_routable_node`, try the cooling `nodes` (each /info read again first: a
+        cooled node is no longer verified) — routable before graced, the one that failed
+        longest ago first (route="cost"; the other routes draw uniformly, as always)."""
         log.warning(
-            "every node of shard %d is cooling down; trying them again (%d)", shard, len(nodes)
+            "no node of shard %d answers but %d cooling down; trying those again",
+            shard,
+            len(nodes),
         )
         if self.route != "cost":
             routable = [n for n in nodes if not n.grace]

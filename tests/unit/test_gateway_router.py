@@ -650,3 +650,29 @@ async def test_router_a_node_named_by_its_previous_hop_cools_briefly() -> None:
     again = await router.replace(replaced, [1])  # a failure the gateway saw: the full cooldown
     assert router._cooldown[replaced.keys[1]] - time.monotonic() > 29
     assert again.keys[1] == accused  # (cooling too: tried again rather than no node)
+
+
+async def test_router_tries_a_cooling_node_when_the_shards_other_nodes_do_not_answer() -> None:
+    """The shard's one node not cooling does not answer its /info: the cooling one is tried
+    (and answers) rather than a 503."""
+    cooled, dead = "0a" * 32, "0b" * 32
+    router = _router(
+        [
+            entry(key=cooled, endpoint="http://127.0.0.1:9000"),
+            entry(key=dead, endpoint="http://127.0.0.1:9001"),
+        ],
+        [(0, 30)],
+    )
+    probed: list[str] = []
+
+    async def verify(node: RoutableNode) -> bool:
+        probed.append(node.key)
+        if node.key == dead:
+            router.mark_failed(node)
+            return False
+        return True
+
+    router._verify = verify  # type: ignore[method-assign]
+    router.mark_failed(RoutableNode(cooled, "http://127.0.0.1:9000", 0))
+    assert (await router.circuit()).keys == (cooled,)
+    assert probed == [dead, cooled]
