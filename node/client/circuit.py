@@ -23,9 +23,11 @@ The prompt is sent as chunks back to back (`prefill_chunk` positions each): hop 
 chunk 2 while hop B computes chunk 1, so prefill is pipelined across nodes.
 
 Failover (node/client/failover.py): the client records which hop failed a session (a link
-that closed, a refusal on a hop's link, `downstream_unavailable` from the hop before it, a bad
-answer from the last hop: `suspects(sid)`); the generation loop replaces that hop and replays the
-token history into a new session at the same positions. Per-hop commitments stay possible: each
+that closed, a refusal on a hop's link, a refusal naming the hop as the next hop's fault
+(`NEXT_HOP_FAULTS`: `downstream_unavailable`, `next_hop_not_allowed`, `node_key_mismatch`, from
+the hop before it: `named_by(sid)`), a bad answer from the last hop: `suspects(sid)`); the
+generation loop replaces that hop and replays the token history into a new session at the same
+positions. Per-hop commitments stay possible: each
 hop computes, and so sees, its own output, and the client can name every hop's session by its
 public tag (`session_tags`).
 """
@@ -89,6 +91,12 @@ PREFILL_WINDOW = 8  # prefill chunks outstanding per session (≤ MAX_SESSION_FR
 MAX_ANSWER_TOKENS = 8192
 SETTLE_CREDITS_S = 2.0  # a closing client waits this long for credits a hop did not keep
 MAX_BLAMED = 1024  # failed sessions whose faulty hop a client remembers
+# refusals by which a hop names its NEXT hop as the fault, not itself: it could not reach or
+# attach to it (`downstream_unavailable`), its next-hop policy does not list it (yet:
+# `next_hop_not_allowed`, e.g. a node that moved shards a moment ago), or it proved another
+# key than the one the chain registers for it (`node_key_mismatch`). From the last hop (no next
+# hop) they are that hop's own fault.
+NEXT_HOP_FAULTS = frozenset({"downstream_unavailable", "next_hop_not_allowed", "node_key_mismatch"})
 
 
 class BadStreamAnswerError(ProtocolError):
@@ -166,9 +174,13 @@ class _Link:
             unpaid = self.client.unpaid(self.index)
             error = _node_error(self.hop, code, control.message or "", unpaid=unpaid)
             if not isinstance(error, UnpaidError):  # that one is the client's doing, not the hop's
-                # a hop that could not reach (or attach to) its next hop names it as the fault
-                blamed = self.index + 1 if code == "downstream_unavailable" else self.index
-                self.client.blame_hop(control.sid, min(blamed, len(self.client.hops) - 1))
+                if code in NEXT_HOP_FAULTS and self.index + 1 < len(self.client.hops):
+                    # the hop followed its rules; it names its next hop as the fault (its word
+                    # only: `named_by`, so the gateway cools that node briefly, not for a fault
+                    # it saw itself)
+                    self.client.blame_hop(control.sid, self.index + 1, named_by=self.index)
+                else:
+                    self.client.blame_hop(control.sid, self.index)
             if future is not None and not future.done():
                 future.set_exception(error)
             elif control.sid in self.client.outputs:
@@ -357,6 +369,9 @@ class CircuitClient:
         self.paid_sids: set[int] = set()  # sessions with credits the payer still tracks
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
+        # sid -> index of the hop whose refusal named the blamed hop (absent: the client saw
+        # the blamed hop fail itself)
+        self.named: dict[int, int] = {}
         self.lost_hops: set[int] = set()  # hops whose link closed (every session failed there)
         self.closing = False  # __aexit__ runs: links closing now are not the nodes' failure
         self.bytes_sent = 0  # client's own WebSocket bytes (framing included)
@@ -625,14 +640,24 @@ class CircuitClient:
             self.blame_hop(sid, len(self.hops) - 1)
             raise BadStreamAnswerError(f"node {self.hops[-1].url}: {error.message}") from None
 
-    def blame_hop(self, sid: int, index: int) -> None:
-        """Remember that hop `index` failed session `sid` (the first fault counts). Kept after
-        the session closed, for the failover that asks; only the latest MAX_BLAMED are kept."""
+    def blame_hop(self, sid: int, index: int, *, named_by: int | None = None) -> None:
+        """Remember that hop `index` failed session `sid` (the first fault counts); `named_by`:
+        the hop whose refusal named it (NEXT_HOP_FAULTS), None when the client saw it fail.
+        Kept after the session closed, for the failover that asks; only the latest MAX_BLAMED
+        are kept."""
         if sid in self.blame:
             return
         self.blame[sid] = index
+        if named_by is not None:
+            self.named[sid] = named_by
         while len(self.blame) > MAX_BLAMED:
+            self.named.pop(next(iter(self.blame)), None)
             del self.blame[next(iter(self.blame))]
+
+    def named_by(self, sid: int) -> int | None:
+        """The hop whose refusal named session `sid`'s blamed hop (its next hop) as the fault,
+        or None (the client saw the fault itself, or nobody is blamed)."""
+        return self.named.get(sid)
 
     def suspects(self, sid: int) -> set[int]:
         """Hops known to have failed session `sid`: the one that refused it or answered badly,

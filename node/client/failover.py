@@ -7,8 +7,9 @@ to copy its output back on every step. The history costs nothing while all goes 
 replaying it recomputes every hop's inputs: the replacement circuit's first hop gets the
 embeddings of the history, each hop feeds the next, exactly as the first time.
 
-When a session fails — a link closed (`kill -9`), a hop refused (`busy`, `session_expired`,
-`downstream_unavailable` names the hop after it), the last hop answered badly, or no answer
+When a session fails — a link closed (`kill -9`), a hop refused (`busy`, `session_expired`;
+`downstream_unavailable`, `next_hop_not_allowed` and `node_key_mismatch` name the hop after it:
+node/client/circuit.py `NEXT_HOP_FAULTS`), the last hop answered badly, or no answer
 came within `stall_s` (a node frozen by SIGSTOP: the hops that do not answer GET /health
 within `probe_timeout_s` are the suspects) — the loop
 
@@ -36,6 +37,15 @@ knew charges (`UnpaidError`: it pays no node, and every node it could be sent to
 too) end the question by name at once, no node blamed (node/client/paying.py). A
 `payment_required` from a node the client did pay is that node's failure (it did not count what
 it was paid) and is replaced like any other.
+
+**A hop's word about its next hop** (issue 44). A hop that names its next hop as the fault
+followed its own rules (its committee view did not list a node that moved a moment ago, or it
+could not reach it), so the named hop is replaced, not the refuser; but the refuser could be
+lying about an honest node. So the named hop is only `accused` (`CircuitSource.lease`): the
+gateway cools it for a few seconds (node/gateway/router.py `ACCUSED_COOLDOWN_S`), `planet ask`
+does not avoid it; and a node that names a next hop a second time in one answer is replaced as
+well, as failed (a hop refusing every next hop would otherwise fail answers without ever being
+avoided).
 
 Every surviving hop is in the new session too (its old session was fed by, or fed into, the
 failed hop); they recompute the history, and are credited for it (`Failover.served`).
@@ -157,17 +167,25 @@ class Circuit(Protocol):
 
     def suspects(self, sid: int) -> set[int]: ...
 
+    def named_by(self, sid: int) -> int | None: ...
+
 
 class CircuitSource(Protocol):
     """Where a generation gets its circuit, and replacements for the hops that failed."""
 
     def lease(
-        self, replace: frozenset[int], *, failed: bool = True
+        self,
+        replace: frozenset[int],
+        *,
+        failed: bool = True,
+        accused: frozenset[int] = frozenset(),
     ) -> AbstractAsyncContextManager[Circuit]:
         """A live circuit, held while the block runs: the first call's (`replace` empty), then
         the last one with the hops at the indices in `replace` replaced (empty after a failure
         that named nobody: any circuit); `failed=False`: they did not fail, they were
-        `outpriced` (not avoided, not counted against them). A failure to build or dial it
+        `outpriced` (not avoided, not counted against them); `accused`: those of `replace`
+        only another hop named as the fault (`Circuit.named_by`): avoided briefly, not for
+        the time a failure the client saw costs. A failure to build or dial it
         raises a FAILURES error (counted as one attempt) or, when nothing can serve a shard, a
         final error."""
         ...
@@ -196,7 +214,11 @@ class FixedCircuit:
         self.client = client
 
     def lease(
-        self, replace: frozenset[int], *, failed: bool = True
+        self,
+        replace: frozenset[int],
+        *,
+        failed: bool = True,
+        accused: frozenset[int] = frozenset(),
     ) -> AbstractAsyncContextManager[Circuit]:
         return contextlib.nullcontext(self.client)
 
@@ -290,6 +312,8 @@ async def generate(
     failures = 0
     moves = 0  # circuits left because a hop on trial was outpriced (not failures)
     replace: frozenset[int] = frozenset()
+    accused: frozenset[int] = frozenset()
+    accusations: dict[str, int] = {}  # node URL → its refusals naming its next hop
     moved = False
     recovering: _Recovery | None = None
     try:
@@ -298,7 +322,7 @@ async def generate(
             sid = 0
             served = 0  # positions the current session answered
             try:
-                async with source.lease(replace, failed=not moved) as client:
+                async with source.lease(replace, failed=not moved, accused=accused) as client:
                     sid = client.new_sid()
                     sent0, received0 = client.bytes_sent, client.bytes_received
                     passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
@@ -416,12 +440,24 @@ async def generate(
                     list(recovering.hops),
                     len(prompt) + len(fed),
                 )
-                replace, moved = frozenset(slow.hops), True
+                replace, moved, accused = frozenset(slow.hops), True, frozenset()
                 continue
             except FAILURES as error:
                 seen_s = time.perf_counter()
                 failures += 1
                 suspects = client.suspects(sid) if client is not None else set()
+                accused = frozenset()
+                accuser = client.named_by(sid) if client is not None else None
+                if client is not None and accuser is not None:
+                    # a hop's word about its next hop: that one is replaced and avoided only
+                    # briefly (`accused`); a node that names a next hop a second time in one
+                    # answer is replaced too, as failed (one refusing every next hop must not
+                    # fail answers for free while honest nodes cool down)
+                    url = client.hops[accuser].url
+                    accusations[url] = accusations.get(url, 0) + 1
+                    accused = frozenset({accuser + 1})
+                    if accusations[url] > 1:
+                        suspects = suspects | {accuser}
                 if not suspects and failures <= policy.attempts:
                     suspects = await source.probe()
                 failed = _Recovery(

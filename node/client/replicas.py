@@ -242,12 +242,17 @@ class ReplicaCircuits:
     # ------------------------------------------------------------------------------ leasing
     @contextlib.asynccontextmanager
     async def lease(
-        self, replace: frozenset[int], *, failed: bool = True
+        self,
+        replace: frozenset[int],
+        *,
+        failed: bool = True,
+        accused: frozenset[int] = frozenset(),
     ) -> AsyncIterator[CircuitClient]:
-        """A dialled circuit (see CircuitSource.lease); closed when the block ends."""
+        """A dialled circuit (see CircuitSource.lease); closed when the block ends. An
+        `accused` hop (only another hop named it) is replaced but not avoided."""
         previous = self.current
         if previous is not None and failed:
-            for index in replace:
+            for index in replace - accused:
                 self.fail(previous[index])
         await self.refresh()
         if previous is None or not replace:

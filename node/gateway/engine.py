@@ -73,9 +73,17 @@ class RouterCircuits:
         self.circuits: list[Circuit] = []  # every circuit leased, in order
 
     @contextlib.asynccontextmanager
-    async def lease(self, replace: frozenset[int], *, failed: bool = True) -> AsyncIterator[Any]:
+    async def lease(
+        self,
+        replace: frozenset[int],
+        *,
+        failed: bool = True,
+        accused: frozenset[int] = frozenset(),
+    ) -> AsyncIterator[Any]:
         if self.circuits and replace:
-            circuit = await self.router.replace(self.circuits[-1], replace, failed=failed)
+            circuit = await self.router.replace(
+                self.circuits[-1], replace, failed=failed, accused=accused
+            )
         else:
             # NoCircuit (503) when a shard has none
             circuit = await self.router.circuit(self.prompt)

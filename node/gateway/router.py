@@ -47,6 +47,16 @@ paths, so no request reaches a node from the user's address (issue 43); over the
 background refresh runs at most every 30 s per node instead of 2 s.
 Nodes that failed a question sit out `cooldown_s` locally (`COOLDOWN_S`, 30 s, unless the
 operator sets `--node-cooldown-s`; they stay on chain until the committee marks them DOWN).
+A node that only its previous hop named as the fault (`downstream_unavailable`,
+`next_hop_not_allowed`, `node_key_mismatch`: node/client/circuit.py `NEXT_HOP_FAULTS`) sits out
+`accused_cooldown_s` (5 s) instead: a hop's word about another node, which a hostile hop could
+give about an honest one, costs that node a few seconds and a fresh /info check, never 30 s.
+**A cooldown never empties a shard** (issue 44): when no node of a shard that is not cooling
+answers (or every one is cooling), the router tries the cooling ones again — each /info read
+first, routable before graced, the one that failed longest ago first — and answers 503
+`no_routable_node` only when none of them verifies either. (A
+shard whose only node failed once, a passing fault, would otherwise refuse every question for
+the whole cooldown.)
 
 **A DOWN mark is a hint; a live answer wins** (issue 44). A node the committee lists with
 `grace` (DOWN lately, otherwise routable: it missed heartbeats, abci_app/liveness.py) is a
@@ -88,6 +98,9 @@ log = logging.getLogger(__name__)
 VERIFY_TTL_S = 60.0
 VERIFY_TIMEOUT_S = 3.0
 COOLDOWN_S = NODE_COOLDOWN_S  # a failed node sits out this long by default
+# a node only another hop named as the fault (node/client/circuit.py NEXT_HOP_FAULTS) sits out
+# this long (at most `cooldown_s`): that hop's word, not a failure the gateway saw
+ACCUSED_COOLDOWN_S = 5.0
 MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -235,6 +248,7 @@ class Router:
         route: str = "cost",
         guards: Guards | None = None,
         cooldown_s: float = COOLDOWN_S,
+        accused_cooldown_s: float = ACCUSED_COOLDOWN_S,
         prices: dict[str, int] | None = None,
         parties: dict[str, bytes] | None = None,
         info: InfoFetcher | None = None,
@@ -273,8 +287,11 @@ class Router:
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
         self._lock = asyncio.Lock()
         self._verified: dict[RoutableNode, float] = {}
-        self._cooldown: dict[str, float] = {}
+        self._cooldown: dict[str, float] = {}  # node key → monotonic end of its cooldown
+        self._failed_at: dict[str, float] = {}  # node key → monotonic time it last failed
         self.cooldown_s = cooldown_s  # how long a node that failed a question sits out
+        # how long a node another hop named as the fault sits out
+        self.accused_cooldown_s = min(accused_cooldown_s, cooldown_s)
         self._random = secrets.SystemRandom()
         self.costs = CostBook(rng=self._random)
         self._observing: dict[str, asyncio.Task[None]] = {}  # endpoint -> its /info refresh
@@ -295,9 +312,22 @@ class Router:
                 self._cache = (time.monotonic(), view)
             return self._cache[1]
 
-    def mark_failed(self, node: RoutableNode) -> None:
-        log.warning("node failed; cooling down node=%s endpoint=%s", node.key[:16], node.endpoint)
-        self._cooldown[node.key] = time.monotonic() + self.cooldown_s
+    def mark_failed(self, node: RoutableNode, *, accused: bool = False) -> None:
+        """`node` failed a question (or a check): it sits out `cooldown_s`; `accused`: only
+        another hop named it (its next hop, node/client/circuit.py NEXT_HOP_FAULTS), it sits
+        out `accused_cooldown_s`. Either way its /info is read again before its next use."""
+        cooldown_s = self.accused_cooldown_s if accused else self.cooldown_s
+        log.warning(
+            "node failed; cooling down node=%s endpoint=%s for_s=%g%s",
+            node.key[:16],
+            node.endpoint,
+            cooldown_s,
+            " (named by its previous hop)" if accused else "",
+        )
+        now = time.monotonic()
+        until = max(self._cooldown.get(node.key, 0.0), now + cooldown_s)
+        self._cooldown[node.key] = until
+        self._failed_at[node.key] = now
         self._verified.pop(node, None)
         self.costs.observe_failure(node.endpoint)
 
@@ -420,16 +450,23 @@ class Router:
         return Circuit(tuple(chosen))
 
     async def replace(
-        self, circuit: Circuit, indices: Iterable[int], *, failed: bool = True
+        self,
+        circuit: Circuit,
+        indices: Iterable[int],
+        *,
+        failed: bool = True,
+        accused: Iterable[int] = (),
     ) -> Circuit:
         """`circuit` with the nodes at `indices` (which failed) cooling down and replaced by
         the next choice for their shard; a shard with no other node keeps its node (tried
         again after the caller's backoff: the failure may have been passing). `failed=False`:
-        they were `outpriced`, replaced without cooling down."""
+        they were `outpriced`, replaced without cooling down. `accused`: those of `indices`
+        that only their previous hop named as the fault, cooling `accused_cooldown_s`."""
         routable = await self.routable()
         chosen = set(indices)
+        named = set(accused)
         for index in chosen if failed else ():
-            self.mark_failed(circuit.nodes[index])
+            self.mark_failed(circuit.nodes[index], accused=index in named)
         nodes = list(circuit.nodes)
         for index in sorted(chosen):
             try:
@@ -445,16 +482,21 @@ class Router:
         exclude: str = "",
         prefer: Callable[[RoutableNode], int] | None = None,
     ) -> RoutableNode:
-        candidates = [
-            n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
-        ]
+        nodes = [n for n in routable.get(shard, []) if n.key != exclude]
+        candidates = [n for n in nodes if not self._cooling(n)]
+        cooling = [n for n in nodes if n not in candidates]
         try:
             return await self._choose_among([n for n in candidates if not n.grace], shard, prefer)
         except NoCircuit:
             graced = [n for n in candidates if n.grace]
-            if not graced:
+            if not graced and not cooling:
                 raise
-        node = await self._choose_among(graced, shard)
+        try:
+            node = await self._choose_among(graced, shard)
+        except NoCircuit:
+            if not cooling:
+                raise
+            return await self._revive(cooling, shard)
         log.warning(
             "shard %d has no routable node that answers; routing through node %s, DOWN on "
             "chain (missed heartbeats) but answering now",
@@ -462,6 +504,28 @@ class Router:
             node.key[:16],
         )
         return node
+
+    async def _revive(self, nodes: list[RoutableNode], shard: int) -> RoutableNode:
+        """No node of `shard` that is not cooling answers (or there is none): rather than
+        answer `no_routable_node`, try the cooling `nodes` (each /info read again first: a
+        cooled node is no longer verified) — routable before graced, the one that failed
+        longest ago first (route="cost"; the other routes draw uniformly, as always)."""
+        log.warning(
+            "no node of shard %d answers but %d cooling down; trying those again",
+            shard,
+            len(nodes),
+        )
+        if self.route != "cost":
+            routable = [n for n in nodes if not n.grace]
+            try:
+                return await self._draw(routable, shard)
+            except NoCircuit:
+                return await self._draw([n for n in nodes if n.grace], shard)
+        ordered = sorted(nodes, key=lambda n: (n.grace, self._failed_at.get(n.key, 0.0)))
+        for node in ordered[:MAX_TRIES_PER_SHARD]:
+            if await self._verify(node):
+                return node
+        raise self._none_for(shard)
 
     async def _choose_among(
         self,

@@ -69,7 +69,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 KEYWORDS: Final = ("none", "any", "committee")
 MAX_LIST_URLS: Final = 1024
 COMMITTEE_MAX_AGE_S: Final = 10.0  # a hit older than this refreshes the view first
-COMMITTEE_MISS_REFRESH_S: Final = 2.0  # a miss refreshes at most this often (floods of bogus URLs)
+COMMITTEE_MISS_REFRESH_S: Final = 2.0  # misses re-read at most this often (floods of bogus URLs)
 COMMITTEE_TIMEOUT_S: Final = 3.0
 _KEY_RE = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -366,9 +366,13 @@ class ForwardCommittee:
     """Routable compute nodes of this model on the committee chain (`/nodes?model=&role=
     compute`, the query the gateway's router uses, every page: `read_nodes`; a malformed page
     fails the refresh and keeps the last view), cached. A hit older than `max_age_s`
-    refreshes first; a miss refreshes only if the last fetch (or failed try) is older than
-    `miss_refresh_s`, so a flood of bogus URLs costs the RPC at most one query per interval.
-    One fetch at a time; the others wait for it."""
+    refreshes first (at most once per `miss_refresh_s`). A miss — a node the view does not
+    list, e.g. one that registered or moved shards a moment ago — re-reads the view at once
+    before it refuses, unless a read began after the miss was seen or the last read a miss
+    made is younger than `miss_refresh_s`: reads for other reasons (age, warm targets) do not
+    count against misses, so a node the committee lists is reachable at once, while a flood of
+    bogus URLs costs the RPC at most one query per `miss_refresh_s`. One fetch at a time; the
+    others wait for it."""
 
     def __init__(
         self,
@@ -400,27 +404,45 @@ class ForwardCommittee:
         self._rendezvous_of: dict[str, tuple[str, ...]] = {}
         self._fetched_s = 0.0  # monotonic time of the last successful fetch
         self._tried_s: float | None = None  # monotonic time of the last fetch attempt
+        self._miss_tried_s: float | None = None  # ... of the last one a miss made
         self._lock = asyncio.Lock()
 
     async def _refresh(self, *, older_than_s: float) -> None:
+        """Read the view unless the last read (or failed try) is younger than `older_than_s`."""
         async with self._lock:
             now = self.clock()
             if self._tried_s is not None and now - self._tried_s < older_than_s:
                 return  # someone fetched (or tried) while we waited, or too soon to ask again
-            self._tried_s = now
-            self.fetches += 1
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    nodes = await read_nodes(
-                        path_query(self.source.abci_query), model=self.model_hash, role="compute"
-                    )
-            except (PlanetError, OSError, TimeoutError) as error:
-                log.warning("next-hop view: committee query failed: %s", error)
+            await self._fetch(now)
+
+    async def _refresh_missed(self, asked_s: float) -> None:
+        """Read the view for a miss asked about at `asked_s`, unless a read began since (it is
+        as new as this one would be) or a miss made one less than `miss_refresh_s` ago."""
+        async with self._lock:
+            now = self.clock()
+            if self._tried_s is not None and self._tried_s >= asked_s:
                 return
-            self._view = registered_hops({"nodes": nodes})
-            self._alternates = registered_hops({"nodes": nodes}, rendezvous=True)
-            self._rendezvous_of = rendezvous_by_key(nodes)
-            self._fetched_s = self.clock()
+            if self._miss_tried_s is not None and now - self._miss_tried_s < self.miss_refresh_s:
+                return
+            self._miss_tried_s = now
+            await self._fetch(now)
+
+    async def _fetch(self, now: float) -> None:
+        """One read of the view (the caller holds the lock); a failure keeps the last one."""
+        self._tried_s = now
+        self.fetches += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                nodes = await read_nodes(
+                    path_query(self.source.abci_query), model=self.model_hash, role="compute"
+                )
+        except (PlanetError, OSError, TimeoutError) as error:
+            log.warning("next-hop view: committee query failed: %s", error)
+            return
+        self._view = registered_hops({"nodes": nodes})
+        self._alternates = registered_hops({"nodes": nodes}, rendezvous=True)
+        self._rendezvous_of = rendezvous_by_key(nodes)
+        self._fetched_s = self.clock()
 
     def _allowed(self, hop: NextHop) -> bool:
         """`hop.url` is registered for `hop.shard`, and under the key the client names (the
@@ -489,13 +511,14 @@ class ForwardCommittee:
             )
 
     async def check(self, hop: NextHop) -> None:
+        asked_s = self.clock()  # a read begun from now on is as new as a miss could ask for
         _check_order(self.own_shard, hop)
         for url in hop.addresses:
             self._check_address(url)
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
-            await self._refresh(older_than_s=self.miss_refresh_s)
+            await self._refresh_missed(asked_s)
         if self._allowed(hop):
             return
         if self._view is None:

@@ -481,6 +481,11 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 except PaymentRequiredError:
                     store.close(session.tag)  # a client that stops paying is stopped
                     raise
+                if session.cache is None:  # closed while the credits were awaited (a client
+                    # that failed over closes its old session): nothing to compute on (its
+                    # cache handed to the forward was `None`: a ValueError/ProtocolError there)
+                    state.payments.refund(route.account, header.count)
+                    raise SessionExpiredError(short_tag(session.tag))
             hidden = decode_values(
                 header.dtype, header.codec, (1, header.count, state.backend.hidden_size), body
             )

@@ -131,7 +131,9 @@ class FakeRouter:
             nodes.append(RoutableNode(f"{self.leases:02d}{shard:02d}" * 16, url, shard))
         return Circuit(tuple(nodes))
 
-    async def replace(self, circuit: Circuit, replace: Any, *, failed: bool = True) -> Circuit:
+    async def replace(
+        self, circuit: Circuit, replace: Any, *, failed: bool = True, accused: Any = frozenset()
+    ) -> Circuit:
         return await self.circuit()
 
     @contextlib.asynccontextmanager

@@ -451,3 +451,91 @@ async def test_a_hang_up_during_the_replay_keeps_the_left_circuits_record(
 async def test_failover_policy_backoff_doubles_and_is_capped():
     policy = FailoverPolicy(backoff_s=0.1, backoff_max_s=0.3)
     assert [policy.delay(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.3, 0.3]
+
+
+class _StaleOnce:
+    """A next-hop policy whose view does not list the first next hop it is asked about yet (a
+    committee view read just before that node registered or moved), then does."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.refused: list[str] = []
+
+    async def check(self, hop: Any) -> None:
+        from protocol.stream import NextHopNotAllowedError
+
+        if not self.refused:
+            self.refused.append(hop.url)
+            raise NextHopNotAllowedError(f"{hop.url} is not a routable compute node (yet)")
+        await self.inner.check(hop)
+
+
+async def test_failover_next_hop_refused_by_policy_replaces_the_next_hop_not_the_refuser(
+    aiohttp_server, tiny
+):
+    """Issue 44: a hop that refuses its open with `next_hop_not_allowed` followed its policy;
+    the hop it names (its next) is replaced, and only briefly suspected (not avoided: the
+    refuser's word); the refuser stays. Tokens unchanged."""
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    stale = _StaleOnce(servers[0].app[STATE_KEY].next_hops)
+    servers[0].app[STATE_KEY].next_hops = stale
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+
+        async def on_token(count: int) -> None:
+            pass
+
+        tokens, timings = await _answer(source, head, ids, on_token)
+    assert tokens == _expected(model, ids)
+    assert [(f.code, f.hops) for f in timings.failovers] == [("next_hop_not_allowed", (1,))]
+    first, second = source.circuits
+    assert first[1].url == stale.refused[0] and second[1] != first[1]
+    assert second[0] == first[0]  # the refuser stays
+    assert not source._avoided(first[1]) and not source._avoided(first[0])
+
+
+async def test_failover_a_hop_naming_next_hops_twice_is_replaced_itself(aiohttp_server, tiny):
+    """A hop refusing every next hop (`next_hop_not_allowed`, e.g. hostile) is believed once
+    per answer: the second time it names one, it is replaced too, as failed, so it cannot fail
+    answers for free while the hops it names sit out."""
+    from protocol.stream import NextHopNotAllowedError
+
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 0, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    hostile: list[str] = []  # the shard-0 node the first circuit goes through refuses all
+
+    class _RefusesAll:
+        def __init__(self, url: str, inner: Any) -> None:
+            self.url, self.inner = url, inner
+
+        async def check(self, hop: Any) -> None:
+            if not hostile:
+                hostile.append(self.url)
+            if hostile[0] == self.url:
+                raise NextHopNotAllowedError(f"{hop.url} is not a routable compute node")
+            await self.inner.check(hop)
+
+    for server, hop in zip(servers[:2], hops[:2], strict=True):
+        state = server.app[STATE_KEY]
+        state.next_hops = _RefusesAll(hop.url, state.next_hops)
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+
+        async def on_token(count: int) -> None:
+            pass
+
+        tokens, timings = await _answer(source, head, ids, on_token)
+    assert tokens == _expected(model, ids)
+    assert [f.hops for f in timings.failovers] == [(1,), (0, 1)]
+    assert source.circuits[0][0].url == hostile[0] != source.circuits[-1][0].url
+    assert source._avoided(source.circuits[0][0])  # the refuser, as failed
+    assert not source._avoided(source.circuits[0][1])  # the node it named: not avoided

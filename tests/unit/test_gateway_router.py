@@ -597,3 +597,82 @@ def test_gateway_config_refuses_a_negative_or_huge_node_cooldown(tmp_path: Any) 
             config(bad).validate()
     with pytest.raises(UsageError, match="no manifest"):  # 0 (never sit out) is allowed
         config(0.0).validate()
+
+
+async def test_router_tries_a_shards_cooling_nodes_rather_than_leave_it_without_one() -> None:
+    """Issue 44: every node of a shard cooling (its only node refused a question once) is no
+    reason to answer `no_routable_node`: the router tries them again, the one that failed
+    longest ago first, and a shard with a node cooling beside a live one still uses the live
+    one."""
+    first, second, other = "0a" * 32, "0b" * 32, "0c" * 32
+    router = _router(
+        [
+            entry(key=first, endpoint="http://127.0.0.1:9000"),
+            entry(key=second, endpoint="http://127.0.0.1:9001"),
+            entry(key=other, endpoint="http://127.0.0.1:9002", shards=[1]),
+        ],
+        [(0, 15), (15, 30)],
+    )
+    circuit = await router.circuit()
+    by_key = {n.key: n for n in circuit.nodes}
+    router.mark_failed(RoutableNode(first, "http://127.0.0.1:9000", 0))
+    assert {(await router.circuit()).keys[0] for _ in range(16)} == {second}
+    router.mark_failed(RoutableNode(second, "http://127.0.0.1:9001", 0))
+    router.mark_failed(by_key[other])  # shard 1's only node
+    assert (await router.circuit()).keys == (first, other)
+    assert router._cooling(by_key[other])  # tried, still cooling for the other choices
+
+
+async def test_router_a_node_named_by_its_previous_hop_cools_briefly() -> None:
+    """A node only its previous hop named as the fault (`accused`, node/client/circuit.py
+    NEXT_HOP_FAULTS) sits out `accused_cooldown_s` (5 s), not the 30 s a failure the gateway
+    saw costs: a hostile hop's word cannot keep an honest next hop out for long."""
+    import time
+
+    from node.gateway.router import ACCUSED_COOLDOWN_S
+
+    a0, a1, b1 = "a0" * 32, "a1" * 32, "b1" * 32
+    router = _router(
+        [
+            entry(key=a0, endpoint="http://127.0.0.1:9000"),
+            entry(key=a1, endpoint="http://127.0.0.1:9001", shards=[1]),
+            entry(key=b1, endpoint="http://127.0.0.1:9002", shards=[1]),
+        ],
+        [(0, 15), (15, 30)],
+    )
+    first = await router.circuit()
+    accused = first.keys[1]
+    replaced = await router.replace(first, [1], accused=[1])
+    assert replaced.keys[0] == a0 and replaced.keys[1] != accused
+    left = router._cooldown[accused] - time.monotonic()
+    assert ACCUSED_COOLDOWN_S == 5.0 and 4 < left <= ACCUSED_COOLDOWN_S
+    assert a0 not in router._cooldown  # the hop that named it is not cooled
+    again = await router.replace(replaced, [1])  # a failure the gateway saw: the full cooldown
+    assert router._cooldown[replaced.keys[1]] - time.monotonic() > 29
+    assert again.keys[1] == accused  # (cooling too: tried again rather than no node)
+
+
+async def test_router_tries_a_cooling_node_when_the_shards_other_nodes_do_not_answer() -> None:
+    """The shard's one node not cooling does not answer its /info: the cooling one is tried
+    (and answers) rather than a 503."""
+    cooled, dead = "0a" * 32, "0b" * 32
+    router = _router(
+        [
+            entry(key=cooled, endpoint="http://127.0.0.1:9000"),
+            entry(key=dead, endpoint="http://127.0.0.1:9001"),
+        ],
+        [(0, 30)],
+    )
+    probed: list[str] = []
+
+    async def verify(node: RoutableNode) -> bool:
+        probed.append(node.key)
+        if node.key == dead:
+            router.mark_failed(node)
+            return False
+        return True
+
+    router._verify = verify  # type: ignore[method-assign]
+    router.mark_failed(RoutableNode(cooled, "http://127.0.0.1:9000", 0))
+    assert (await router.circuit()).keys == (cooled,)
+    assert probed == [dead, cooled]

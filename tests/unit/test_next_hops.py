@@ -164,10 +164,49 @@ async def test_committee_miss_finds_a_newly_registered_node(clock: Clock) -> Non
     rpc = FakeRpc([entry(A, 1)])
     policy = ForwardCommittee(0, rpc, MODEL, clock=clock, miss_refresh_s=2.0)
     await policy.check(hop(A))
+    rpc.nodes.append(entry(B, 1))  # B registers (or moves here) after the view was read
+    clock.now += 0.5
+    await policy.check(hop(B))  # the miss re-read the view at once (issue 44)
+    assert len(rpc.paths) == 2
+
+
+async def test_committee_miss_rereads_at_once_after_a_read_for_another_reason(
+    clock: Clock,
+) -> None:
+    """Reads for age or warm targets do not hold a miss back: only a miss's own read does."""
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    clock.now += 10.5
+    await policy.check(hop(A))  # stale hit: read again (2 reads)
     rpc.nodes.append(entry(B, 1))
-    await refused(policy, hop(B))  # too soon after the last query to ask again
-    clock.now += 2.1
-    await policy.check(hop(B))  # the miss refreshed the view
+    clock.now += 0.5
+    await policy.check(hop(B))  # half a second after that read, the miss reads again
+    assert len(rpc.paths) == 3
+    rpc.nodes.append(entry(C, 1))
+    clock.now += 0.5
+    await refused(policy, hop(C))  # a miss read 0.5 s ago: rate-limited
+    assert len(rpc.paths) == 3
+    clock.now += 1.6
+    await policy.check(hop(C))
+    assert len(rpc.paths) == 4
+
+
+async def test_committee_a_stale_view_and_a_miss_in_one_check_cost_one_read(clock: Clock) -> None:
+    """The read a stale view makes already is as new as the miss could ask for (the clock
+    moves while it runs): the miss does not read again."""
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    query = rpc.abci_query
+
+    async def slow(path: str) -> Any:
+        clock.now += 0.3  # the read takes a while
+        return await query(path)
+
+    rpc.abci_query = slow  # type: ignore[method-assign]
+    clock.now += 10.5
+    await refused(policy, hop(B))
     assert len(rpc.paths) == 2
 
 

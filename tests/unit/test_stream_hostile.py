@@ -567,3 +567,50 @@ async def test_stream_frames_behind_a_bogus_attach_are_held_only_up_to_the_cap(
         assert codes[16:] == [("error", "unknown_stream")] * 5  # the held ones, after it
     async with CircuitClient(hops, hidden_size=H) as client:
         assert await _generate(client, [1, 2], 2) == [3, 4]
+
+
+async def test_stream_a_session_closed_while_its_frame_awaits_payment_is_not_computed(
+    aiohttp_server,
+):
+    """Issue 44: a paid frame waits for its credits (`payments.cover`) holding the session's
+    lock; the client closes the session meanwhile (a client that failed over closes its old
+    one). The frame then ends `session_expired` with its positions refunded, and no forward
+    runs on the dropped cache (before: the forward got `None` for a cache and the node logged
+    `forward failed: ValueError: too many values to unpack` / `ProtocolError`, compute_failed)."""
+    servers, hops = await _nodes(aiohttp_server, 1)
+    state = servers[0].app[STATE_KEY]
+    gate = asyncio.Event()
+    waiting = asyncio.Event()
+    refunded: list[int] = []
+
+    class Payments:
+        async def cover(self, account: Any, count: int) -> None:
+            waiting.set()
+            await gate.wait()
+
+        def refund(self, account: Any, count: int) -> None:
+            refunded.append(count)
+
+    state.payments = Payments()
+    caches: list[Any] = []
+    forward = state.backend.forward
+
+    def recording(hidden: Any, positions: Any, cache: Any) -> Any:
+        caches.append(cache)
+        return forward(hidden, positions, cache)
+
+    state.backend.forward = recording
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
+        body = {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None}
+        await ws.send_json({**body, "next": None})
+        assert await _next_control(ws) == {"op": "opened", "sid": 1}
+        await ws.send_bytes(pack_frame(FrameHeader(1, 0, 2, "float32", "raw"), bytes(8 * H)))
+        await asyncio.wait_for(waiting.wait(), 10)
+        await ws.send_json({"op": "close", "sid": 1})
+        await asyncio.sleep(0.2)  # the close is handled while the frame waits
+        gate.set()
+        answers = [await _next_control(ws)]
+        if answers[0].get("op") == "closed":
+            answers.append(await _next_control(ws))
+    assert answers[-1].get("code") == "session_expired", answers
+    assert refunded == [2] and caches == []

@@ -52,7 +52,13 @@ class _Refusing:
         self.circuits: list[Any] = []
 
     @contextlib.asynccontextmanager
-    async def lease(self, replace: frozenset[int], *, failed: bool = True) -> AsyncIterator[Any]:
+    async def lease(
+        self,
+        replace: frozenset[int],
+        *,
+        failed: bool = True,
+        accused: frozenset[int] = frozenset(),
+    ) -> AsyncIterator[Any]:
         self.leases.append((replace, failed))
         raise self.error
         yield  # an async generator, never reached
