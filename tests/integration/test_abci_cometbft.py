@@ -29,6 +29,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from harness.committee_reads import nodes_of
+from node.procs import spawn_piped
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
@@ -74,7 +75,7 @@ class Net:
 
     def start_app(self) -> None:
         log = open(self.logs / f"app-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
-        self.app = subprocess.Popen(
+        self.app = spawn_piped(
             [sys.executable, "-m", "abci_app", "--home", str(self.home), "--listen", self.proxy],
             cwd=ROOT,
             stdout=log,
