@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from node.procs import spawn_piped
+from node.procs import Child, spawn_piped
 from node.server.launcher import pid_alive
 from protocol.committee.prices import going_price
 from tests.bench_runs import one_benchmark_object, run_bench
@@ -533,7 +533,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
 
 def _second_gateway(
     env: dict[str, str], devnet: dict[str, Any], home: Path
-) -> tuple[subprocess.Popen, str, str, Path]:
+) -> tuple[Child, str, str, Path]:
     """`planet gateway serve` with a fresh wallet of its own (funded; a balance at the escrow for
     its credits), on a port of this test run's range: (process, URL, address, log)."""
     import os
