@@ -55,7 +55,7 @@ from abci_app.codes import Code
 from abci_app.extensions import VX_PREFIX
 from node.chain.committee_link import CommitteeLink
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, decode_block_txs
-from node.procs import run_captured, spawn_piped
+from node.procs import run_captured
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
@@ -544,13 +544,13 @@ def _spawn_byzantine(directory: Path, index: int) -> None:
         with open(network.log_path(process, index), "ab") as log_file:
             log_file.write(b"\n=== byzantine start\n")
             log_file.flush()
-            child = spawn_piped(
+            child = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=validator.home,
-                new_session=True,
+                start_new_session=True,
                 env=env,
             )
         network.pid_path(process, index).write_text(f"{child.pid}\n")
