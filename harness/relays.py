@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.gateway_net import terminate
 from harness.ports import ephemeral_port
+from node.procs import spawn_piped
 from protocol.overlay import Hop
 
 
@@ -32,7 +33,7 @@ class RelayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "relay.log"
         self.log = self.log_path.open("w")
-        self.process = subprocess.Popen(
+        self.process = spawn_piped(
             [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
              "--port", str(self.port), "--allow-private-next-hops", "--no-register", *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True,

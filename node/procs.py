@@ -11,7 +11,9 @@ zygote (node/zygote, the test lanes start one) and the process is `python -m MOD
 zygote forks it with the heavy modules already imported; otherwise `subprocess.Popen`. Either
 way the caller gets the child's own pid and a Popen-like handle (`Child`). `run_captured` is
 `subprocess.run(..., capture_output=True)` through the same zygote: how the tests run the
-`planet` CLI (a person's `planet` stays a process of its own).
+`planet` CLI (a person's `planet` stays a process of its own). `spawn_piped` is
+`subprocess.Popen` with its stdin/stdout/stderr arguments (pipes included) through the same
+zygote: how the tests start a service whose first lines they read.
 
 `run_service` is the shared `main()` of the node agent and the stake watcher: logging to stderr
 in key=value style, the coroutine run to completion, a `PlanetError` logged as one line (with
@@ -34,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 
-from node.zygote import captured
+from node.zygote import captured, piped
 from node.zygote.client import ZygoteChild, spawn
 from protocol.errors import PlanetError
 
@@ -66,6 +68,35 @@ def spawn_process(
         env=dict(env),
         cwd=cwd,
     )
+
+
+def spawn_piped(
+    argv: Sequence[str],
+    *,
+    stdin: piped.Stream = None,
+    stdout: piped.Stream = None,
+    stderr: piped.Stream = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    new_session: bool = False,
+    text: bool = False,
+) -> Child:
+    """`subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+    start_new_session=new_session, text=text)`, forked by the zygote where it can (a service the
+    tests start and read through a pipe: `child.stdout.readline()`; node/zygote/piped.py),
+    else that very call. `env` defaults to ours."""
+    argv = [os.fspath(a) for a in argv]
+    env = dict(os.environ if env is None else env)
+    child = piped.start(
+        argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+        new_session=new_session, text=text,
+    )  # fmt: skip
+    if child is not None:
+        return child
+    return subprocess.Popen(
+        argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+        start_new_session=new_session, text=text,
+    )  # fmt: skip
 
 
 def run_captured(

@@ -6,6 +6,7 @@ once in the log), or the request refused (node.zygote.fit; noted once per reason
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -15,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from node.zygote import ENV_VAR
 from node.zygote.fit import namespaces
@@ -62,9 +64,13 @@ class ZygoteChild:
     """A zygote's child, as far as callers use `subprocess.Popen`: `pid`, `args`,
     `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`. Its exit status comes
     from the zygote over the request's connection (Popen's conventions: -N for signal N).
-    If the zygote dies first, the status is unknown: `LOST` once the pid has gone."""
+    If the zygote dies first, the status is unknown: `LOST` once the pid has gone.
+    `stdin`, `stdout`, `stderr`: the caller's ends of pipes to it, as Popen's (node.zygote.piped)
+    or None; closed on leaving a `with` block, as Popen closes them."""
 
-    stdin = stdout = stderr = None
+    stdin: IO[Any] | None = None
+    stdout: IO[Any] | None = None
+    stderr: IO[Any] | None = None
 
     def __init__(self, args: Sequence[str], pid: int, conn: socket.socket) -> None:
         self.args = list(args)
@@ -127,7 +133,15 @@ class ZygoteChild:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.wait()
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        try:
+            if self.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    self.stdin.close()
+        finally:
+            self.wait()
 
     def __del__(self) -> None:
         if self._conn is not None:

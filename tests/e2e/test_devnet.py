@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from node.procs import Child, spawn_piped
 from node.server.launcher import pid_alive
 from protocol.committee.prices import going_price
 from tests.bench_runs import one_benchmark_object, run_bench
@@ -394,7 +395,7 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
     assert Earnings(home / SPOOL_DIR).take(given) == RELAY_CREDITS
 
     log = (home / "relay.log").open("w")
-    relay = subprocess.Popen(
+    relay = spawn_piped(
         [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
          "--port", str(ephemeral_port()), "--allow-private-next-hops"],
         stdout=subprocess.PIPE, stderr=log, text=True, env=own_env,
@@ -532,7 +533,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
 
 def _second_gateway(
     env: dict[str, str], devnet: dict[str, Any], home: Path
-) -> tuple[subprocess.Popen, str, str, Path]:
+) -> tuple[Child, str, str, Path]:
     """`planet gateway serve` with a fresh wallet of its own (funded; a balance at the escrow for
     its credits), on a port of this test run's range: (process, URL, address, log)."""
     import os
@@ -561,7 +562,7 @@ def _second_gateway(
             "--private-endpoints", "--credits-file", str(home / "credits.json"),
             "--top-up-below", "20", "--top-up", "60", *rpcs]  # fmt: skip
     with open(log, "wb") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = spawn_piped(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     return process, f"http://127.0.0.1:{port}", account.address.lower(), log
 
 
@@ -692,7 +693,7 @@ def _unstaked_agent_is_never_routable(
 ) -> None:
     log_path = home / "agent.log"
     with open(log_path, "wb") as log_file:
-        agent = subprocess.Popen(
+        agent = spawn_piped(
             [
                 sys.executable, "-m", "node.agent", "--home", str(home),
                 "--manifest", devnet["manifest"], "--shard", "0", "--endpoint", endpoint,

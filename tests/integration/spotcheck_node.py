@@ -1,6 +1,6 @@
 """A compute node process with spot-check tickets, for tests only (honest, or noisy on purpose).
 
-    python tests/integration/spotcheck_node.py --manifest M --shard 1 --port P \
+    python -m tests.integration.spotcheck_node --manifest M --shard 1 --port P \
         --node-key HEX --seed 0xHEX --verifier HEX [--rate-ppm N] [--noise-every K]
 
 Runs the real node server (`node.server.app.create_app` over the hash-checked shard) with

@@ -29,6 +29,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from harness.committee_reads import nodes_of
+from node.procs import Child, spawn_piped
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
@@ -69,12 +70,12 @@ class Net:
     proxy: str
     validator_address: str
     logs: Path
-    app: subprocess.Popen[bytes] | None = None
+    app: Child | None = None
     node: subprocess.Popen[bytes] | None = None
 
     def start_app(self) -> None:
         log = open(self.logs / f"app-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
-        self.app = subprocess.Popen(
+        self.app = spawn_piped(
             [sys.executable, "-m", "abci_app", "--home", str(self.home), "--listen", self.proxy],
             cwd=ROOT,
             stdout=log,
@@ -96,7 +97,7 @@ class Net:
             [str(COMETBFT), "start", "--home", str(self.home)], stdout=log, stderr=subprocess.STDOUT
         )
 
-    def stop(self, process: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    def stop(self, process: Child | None, sig: int = signal.SIGTERM) -> None:
         if process is not None and process.poll() is None:
             process.send_signal(sig)
             try:

@@ -45,6 +45,7 @@ from abci_app.encoding import decode_uvarint
 from abci_app.proto import abci_pb
 from abci_app.server import frame
 from harness.gateway_net import terminate
+from node.procs import spawn_piped
 from protocol import bls
 from protocol.canonical import canonical_json
 from protocol.committee.envelope import decode, sign
@@ -599,7 +600,7 @@ def app_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Socke
     home = tmp_path_factory.mktemp("fuzz-app")
     [port] = free_ports(1)
     log = open(home / "app.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(
+    process = spawn_piped(
         [
             sys.executable,
             "-m",

@@ -40,7 +40,7 @@ from harness.committee_reads import nodes_of
 from node.chain.evm.account import PlanetChain
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
-from node.procs import run_captured
+from node.procs import run_captured, spawn_piped
 from node.server.launcher import start_node, stop_pid, wait_healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -150,7 +150,7 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
     world.chain.staking.stake(1, 2 * ETHER)
     log_path = world.home / "agent.log"
     with open(log_path, "wb") as log_file:
-        agent = subprocess.Popen(
+        agent = spawn_piped(
             [
                 sys.executable, "-m", "node.agent", "--home", str(world.home),
                 "--manifest", str(world.manifest), "--shard", "0",
@@ -283,7 +283,7 @@ def test_a_staked_relay_registers_is_listed_and_leaves(world: World) -> None:
     port = _free(22700)
     log_path = home / "relay.log"
     with open(log_path, "wb") as log_file:
-        relay = subprocess.Popen(
+        relay = spawn_piped(
             [sys.executable, "-m", "planet", "relay", "serve", "--port", str(port), *chains],
             env=env, stdout=subprocess.PIPE, stderr=log_file, text=True,
         )  # fmt: skip

@@ -2,7 +2,8 @@
 it) answers exactly as a fresh `python -m planet` process: the same stdout, stderr and exit
 status for help, usage errors (2, `planet ...: error:`), PlanetErrors (one `error:` and one
 `hint:` line, `--password-file -` taken for a file name, not stdin) and `-v` (the zygote's
-logging is not inherited: the CLI's basicConfig applies).
+logging is not inherited: the CLI's basicConfig applies). A service forked with a pipe
+(`node.procs.spawn_piped`, how the tests start a relay) prints and ends as a Popen'd one.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from node.procs import run_captured
+from harness.ports import ephemeral_port
+from node.procs import run_captured, spawn_piped
 from node.zygote import ENV_VAR
 
 pytestmark = pytest.mark.integration
@@ -67,3 +71,32 @@ def test_cli_forked_was_forked_by_the_zygote(env: dict[str, str]) -> None:
     before = zygote.read_text().count("forked ")
     run_captured([sys.executable, "-m", "planet", "--help"], env=env, timeout=60)
     assert zygote.read_text().count("forked ") == before + 1
+
+
+def _relay_lines(start: Callable[..., Any], home: Path, env: dict[str, str]) -> tuple[str, int]:
+    """`planet relay serve` started by `start` (spawn_piped or Popen): its first line, read
+    through the pipe once it listens, masked; its status after SIGTERM, once stdout ended."""
+    home.mkdir()
+    argv = [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home), "--port",
+            str(ephemeral_port()), "--allow-private-next-hops", "--no-register"]  # fmt: skip
+    with (home / "relay.log").open("w") as log:
+        relay = start(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    with relay:
+        line = relay.stdout.readline()
+        relay.terminate()
+        assert relay.stdout.read() == ""  # EOF once it ended
+        status = relay.wait(timeout=60)
+    return re.sub(r":\d+ key [0-9a-f]{64}$", ":PORT key KEY", line.rstrip("\n")), status
+
+
+def test_relay_forked_with_a_pipe_prints_and_ends_as_a_fresh_process(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    zygote = Path(env[ENV_VAR]).parent / "zygote.log"
+    before = zygote.read_text().count("forked ")
+    forked = _relay_lines(spawn_piped, tmp_path / "forked", env)
+    assert zygote.read_text().count("forked ") == before + 1  # it was the zygote's child
+    fresh_env = {k: v for k, v in env.items() if k != ENV_VAR}
+    fresh = _relay_lines(subprocess.Popen, tmp_path / "fresh", fresh_env)
+    assert forked == fresh
+    assert forked[0] == "relay on http://127.0.0.1:PORT key KEY"

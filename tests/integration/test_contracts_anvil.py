@@ -776,7 +776,7 @@ def test_cli_deploy_own_anvil_serves_until_sigterm(tmp_path: Path, anvil: Anvil)
 
 
 def test_cli_deploy_unreachable_rpc_exits_with_hint(tmp_path: Path) -> None:
-    result = subprocess.run(
+    result = run_captured(
         [
             sys.executable,
             "-m",
@@ -789,7 +789,6 @@ def test_cli_deploy_unreachable_rpc_exits_with_hint(tmp_path: Path) -> None:
             str(tmp_path / "d.json"),
         ],
         cwd=REPO_ROOT,
-        capture_output=True,
         text=True,
         timeout=60,
         check=False,

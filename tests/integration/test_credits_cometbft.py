@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from node.client.credit_purchase import buy_credits, finish_pending
 from node.client.credit_wallet import CreditWallet
 from node.client.mint_request import MintIncomplete
 from node.keys import create_wallet
+from node.procs import spawn_piped
 from node.watcher.credit_dkg import plan
 from node.watcher.mint_signer import MintSigner
 from planet.main import main
@@ -229,7 +229,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         # run (`planet credits finish`) gathers the partials of the mint it paid for
         killed_file = tmp_path / "killed-credits.json"
         argv = [*argv[:-1], str(killed_file), "--wait", "300"]
-        buyer = subprocess.Popen([sys.executable, "-m", "planet", *argv])
+        buyer = spawn_piped([sys.executable, "-m", "planet", *argv])
         try:
             deadline = time.monotonic() + 60
             while not [m for m in _mints_of(net, payer) if m["funded_height"] is None]:

@@ -425,7 +425,7 @@ def test_a_gateway_whose_escrow_refunds_too_early_refuses_to_start(
     net: GatewayNet, tmp_path: Path
 ) -> None:
     assert net.anvil is not None and net.committee is not None
-    started = subprocess.run(
+    started = run_captured(
         [
             sys.executable, "-m", "planet", "gateway", "serve",
             "--evm-rpc", net.anvil.rpc_url,

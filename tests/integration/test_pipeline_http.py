@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from node.client.circuit import CircuitClient
 from node.client.info import check_circuit, node_infos
 from node.client.types import Hop, Timings
 from node.model.head import ClientHead
+from node.procs import run_captured
 from node.server.launcher import (
     NodeProcess,
     free_ports,
@@ -179,7 +179,7 @@ def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path
         handle.seek(-1, 2)
         handle.write(bytes([last[0] ^ 0xFF]))
     (port,) = free_ports(1, *PORTS)
-    done = subprocess.run(
+    done = run_captured(
         [
             sys.executable,
             "-m",
@@ -194,7 +194,6 @@ def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path
             str(port),
             "--plaintext-links",
         ],
-        capture_output=True,
         text=True,
         timeout=120,
     )

@@ -47,6 +47,7 @@ from node.keys import PASSWORD_ENV, create_node_key
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
 from node.net import port_is_free
+from node.procs import spawn_piped
 from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
 from node.server.rendezvous import RendezvousRelay, claim_port
 from protocol.committee.envelope import sign
@@ -79,7 +80,7 @@ class RelayProcess:
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         self.log = (self.home / "relay.log").open("a")
-        self.process = subprocess.Popen(
+        self.process = spawn_piped(
             [sys.executable, "-m", "planet", "relay", "serve", "--home", str(self.home),
              "--port", str(self.port), "--allow-private-next-hops", "--no-register",
              *self.admit, "--rendezvous-ports", f"{self.ports[0]}-{self.ports[1]}"],

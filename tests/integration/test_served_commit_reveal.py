@@ -32,6 +32,7 @@ from node.client.circuit import CircuitClient
 from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
+from node.procs import spawn_piped
 from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake
@@ -135,7 +136,7 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
     try:
         wait_healthy(nodes, timeout_s=240)
         with open(log_path, "wb") as log_file:
-            agent = subprocess.Popen(
+            agent = spawn_piped(
                 [
                     sys.executable, "-m", "node.agent", "--home", str(home),
                     "--manifest", str(manifest), "--shard", "0",

@@ -9,7 +9,6 @@ progress was on screen."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,10 +83,5 @@ def test_fetch_from_three_nodes_bans_the_corrupting_one_and_completes(
     assert f"{len(entry.chunks)}/{len(entry.chunks)} chunks" in done.stderr  # progress
     assert f"banned {bad}" in done.stderr
     # run again: the file is there and whole, nothing is fetched
-    again = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_captured(command, text=True, timeout=120)
     assert again.returncode == 0 and json.loads(again.stdout)["already_there"] is True

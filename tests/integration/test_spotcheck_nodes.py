@@ -34,6 +34,7 @@ from node.model.evaluate import heldout_text
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
+from node.procs import Child, spawn_piped
 from node.verifier.calibration import load_calibration
 from node.verifier.ticket_client import spot_check
 from protocol.spotcheck import Outcome, Triple
@@ -42,7 +43,7 @@ from protocol.tickets import TicketRequest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "integration" / "spotcheck_node.py"
+NODE_MODULE = "tests.integration.spotcheck_node"  # run from REPO with -m: the zygote forks it
 SEED = "0x" + hashlib.sha256(b"spot-check test epoch").hexdigest()
 VERIFIER = SigningKey(hashlib.sha256(b"spot-check test verifier").digest())
 NODE_SEEDS = {"noisy": b"\x21" * 32, "int8": b"\x22" * 32}
@@ -70,13 +71,14 @@ def manifests() -> dict[str, Path]:
 def nodes(manifests: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     logs = tmp_path_factory.mktemp("spotcheck-nodes")
     specs = {"noisy": (manifests["none"], ["--noise-every", "32"]), "int8": (manifests["int8"], [])}
-    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    procs: dict[str, tuple[Child, str]] = {}
     try:
         for name, (manifest, extra) in specs.items():
             port = ephemeral_port()
             cmd = [
                 sys.executable,
-                str(SCRIPT),
+                "-m",
+                NODE_MODULE,
                 "--manifest",
                 str(manifest),
                 "--shard",
@@ -92,8 +94,8 @@ def nodes(manifests: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
                 *extra,
             ]
             log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            proc = spawn_piped(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, new_session=True
             )
             procs[name] = (proc, f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 120
