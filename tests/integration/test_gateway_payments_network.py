@@ -437,7 +437,6 @@ def test_a_gateway_whose_escrow_refunds_too_early_refuses_to_start(
             "--report-max-wait", "600",  # a slow reporter: charges land long after the answer
             "--private-endpoints",
         ],
-        capture_output=True,
         text=True,
         env={**os.environ, "PLANET_PASSWORD": PASSWORD},
         timeout=120,
