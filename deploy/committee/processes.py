@@ -39,7 +39,7 @@ def pid_alive(pid: int) -> bool:
 
 def cmdline(pid: int) -> str:
     """The command line of `pid` (empty when it is gone or unreadable)."""
-    return b" ".join(command_line(pid) or []).decode()
+    return b" ".join(command_line(pid) or []).decode(errors="replace")  # any bytes: never raise
 
 
 def read_pid(network: Network, process: str, index: int) -> int | None:
