@@ -315,10 +315,16 @@ class EpochSpeeds:
     timed: list[tuple[int, Timed]] = field(default_factory=list)  # (epoch, answer), oldest first
     hops: list[tuple[int, HopTimed]] = field(default_factory=list)  # (epoch, probe), oldest first
 
-    def note(self, nodes: Sequence[str], tokens: int, seconds: float, clean: bool) -> int | None:
+    def note(
+        self, nodes: Sequence[str], tokens: int, seconds: float, clean: bool, *, moved: bool = False
+    ) -> int | None:
         """Keep one timed answer of the circuit `nodes`; the circuit's speed, or None when it
-        does not count (not clean, or fewer than MIN_TIMED_TOKENS checked positions)."""
-        if not clean or tokens < MIN_TIMED_TOKENS or not nodes or not math.isfinite(seconds):
+        does not count (not clean, fewer than MIN_TIMED_TOKENS checked positions, or `moved`:
+        a failover moved part of the answer to another node, so `nodes` names a node that may
+        have served none of the timed positions, and the time holds the move's)."""
+        if moved or not clean or tokens < MIN_TIMED_TOKENS or not nodes:
+            return None
+        if not math.isfinite(seconds):
             return None
         self.timed.append((self.epoch, Timed(tuple(nodes), tokens, seconds)))
         del self.timed[: -MAX_CIRCUITS * 2]

@@ -512,7 +512,11 @@ class VerifierWorker:
             return
         state = await self._state_now(state)
         state.results.append(CircuitScore(asked.nodes, credibility))
-        speed = state.speeds.note(asked.nodes, check.observed, asked.seconds, credibility >= SCALE)
+        # a receipt naming more nodes than the model has shards: a failover moved the answer
+        moved = len(asked.nodes) > len(self.reference.shards)
+        speed = state.speeds.note(
+            asked.nodes, check.observed, asked.seconds, credibility >= SCALE, moved=moved
+        )
         if speed is not None:
             log.info("speed epoch=%d circuit=%s %d tokens/s", state.epoch, nodes, speed)
         state.scores = state.attribute()

@@ -173,3 +173,13 @@ def test_epoch_speeds_carry_the_answers_of_the_last_epochs_only() -> None:
     assert ("x", "y") not in kept and len(kept) == WINDOW_EPOCHS
     latest = f"y{1 + WINDOW_EPOCHS}"
     assert set(speeds.of(dict.fromkeys(["x", "y", "y2", latest], 1))) == {"x", "y2", latest}
+
+
+def test_an_answer_a_failover_moved_is_not_timed() -> None:
+    """The receipt of a failed-over answer names the node it left (which may have served none
+    of the timed positions: a CI run timed a convicted substitute this way) and its time holds
+    the move's: it is no circuit's speed."""
+    speeds = EpochSpeeds(epoch=3)
+    assert speeds.note(("x", "y", "z"), TOKENS, TOKENS * 0.1, True, moved=True) is None
+    assert speeds.note(("x", "z"), TOKENS, TOKENS * 0.1, True) is not None
+    assert [t.nodes for _, t in speeds.timed] == [("x", "z")]
