@@ -34,17 +34,15 @@ What the module shows, each from the chain's own answers:
   purchase is debited once into the escrow's credit pool, which pays the redeeming nodes; no
   tx since and no state entry links the payer to those nodes or holds a question; and
   validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
-  with credits), challenges those charging nodes and scores them fully. From then on the
-  other three verifiers, restarted, spot-check only (nothing after reads their challenges).
+  with credits), challenges those charging nodes and scores them fully.
 
 Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
 no verifiers and its genesis nodes serve every other module. Its epochs are the devnet's
 default (the `devnet` fixture says why not shorter); what is independent runs side by side
-(from the first test on, while it waits for epochs: the user's purchases before the
-personal-client test's, validator 0's operator's among them, and the charging operators'
-funding and stake; from the cheaters' conviction: their joins; the restarted verifier's model
-load, the `planet status` reads, the block reads).
+(the charging operators' funding, stake and joins, beside the tests that wait for epochs once
+the cheaters are convicted; the purchases and the restarted verifier's model load, the `planet
+status` reads, the block reads).
 """
 
 from __future__ import annotations
@@ -57,13 +55,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -218,12 +214,7 @@ def _first_checked_epoch(devnet: dict[str, Any]) -> int:
     return min(epochs)
 
 
-def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(
-    env, devnet, first_purchases, charging_operators
-) -> None:
-    """(Beside this test, which waits for epochs: the user's first purchases,
-    `first_purchases`; the personal-client test's charging operators funded and staked,
-    `charging_operators`, and joined once the cheaters are convicted.)"""
+def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet) -> None:
     from web3 import Web3
 
     rpc = devnet["committee_rpc"][0]
@@ -264,7 +255,6 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(
         return len(untrusted_at) == len(cheaters)
 
     _wait(convicted, 600, "the substitute and the noisy node untrusted", every_s=1.0)
-    charging_operators.join()  # the cheaters convicted: new nodes may serve beside the honest
     first = _first_checked_epoch(devnet)
     assert all(epoch - first <= 5 for epoch in untrusted_at.values()), (first, untrusted_at)
     assert seen_unroutable_honest == []
@@ -360,10 +350,9 @@ def test_silent_node_is_flagged_unroutable_and_earns_nothing(devnet) -> None:
 
 def test_no_verifier_is_marked_for_a_false_accusation(devnet, charging_operators) -> None:
     """Accusations are settled SETTLE_EPOCHS after their vote: wait for the convictions' marks,
-    then no verifier has a refused accusation or a bench. (The personal-client test's charging
-    operators join meanwhile: asked for by the cheaters' test once they were convicted, here
-    too should that test not have run.)"""
-    charging_operators.join()
+    then no verifier has a refused accusation or a bench. (`charging_operators` starts here:
+    the personal-client test's three operators are funded, stake and join while this test and
+    the next two wait for their epochs and blocks.)"""
 
     def settled() -> dict[str, Any]:
         marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
@@ -395,61 +384,21 @@ def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
     assert flags[nodes["node0"]["key"]] == (False, False)
 
 
-def _verifier_credits(env: dict[str, str]) -> Path:
-    """Validator 0's operator's credit file (its personal client pays with it)."""
-    return Path(env["PLANET_HOME"]) / "verifier0-credits.json"
-
-
-def _first_purchases(env: dict[str, str], devnet: dict[str, Any]) -> dict[str, Any]:
-    """The user's purchases before the personal-client test's: 3 credits' worth deposited at
-    the escrow, 2 credits bought, 2 more asked and refused, the credit file read
-    (`test_credits_are_bought_only_against_the_escrow_balance` checks them); then, the refused
-    purchase dropped, validator 0's operator's 24 credits in its own file (the verifier test's:
-    a verifier operator buys them like any user, here from the devnet's user wallet).
-    {deposit, bought, again, held, verifier: (deposit, buy), epoch: the committee's epoch
-    once all is bought}."""
+def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None:
     escrow = devnet["contracts"]["QueryEscrow"]
     deposit = _planet(env, "balance", "deposit", "0.000003", "--gateway", escrow, timeout=120)
     assert deposit.returncode == 0, deposit.stderr  # 3 credits' worth at 10^12 wei each
     bought = _planet(env, "credits", "buy", "2", "--json", timeout=240)
     assert bought.returncode == 0, bought.stderr
-    again = _planet(env, "credits", "buy", "2", "--wait", "120", timeout=240)
-    held = _planet(env, "credits", "show", "--json", timeout=60)
-    verifier = _deposit_and_buy(
-        env, devnet, "0.00003", "24", "--credits-file", str(_verifier_credits(env))
-    )
-    epoch = int(_query(devnet["committee_rpc"][0], "/epochs")["current"])
-    done = {"deposit": deposit, "bought": bought, "again": again, "held": held}
-    return done | {"verifier": verifier, "epoch": epoch}
-
-
-@pytest.fixture(scope="module")
-def first_purchases(env: dict[str, str], devnet: dict[str, Any]) -> Iterator[Future]:
-    """`_first_purchases`, started in the background by the first test that asks (the
-    cheaters' test: nothing of it depends on the verification, and the purchases wait for
-    the validators' blocks and an epoch's end while that test waits for its epochs). The
-    credit test and the verifier test read the result; the personal-client test waits for
-    it, and for the epochs of those purchases to close, before the user buys again (its
-    purchase must be the only one in the statements it reads)."""
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        yield pool.submit(_first_purchases, env, devnet)
-    finally:
-        pool.shutdown(wait=True)
-
-
-def test_credits_are_bought_only_against_the_escrow_balance(first_purchases) -> None:
-    done = first_purchases.result(timeout=900)  # the deposit and the purchase asserted there
-    bought = done["bought"]
     assert json.loads(bought.stdout)["bought"] == 2
     assert "waiting for the validators" in bought.stderr  # progress shown
     # the balance covers 1 more credit, not 2: no validator vouches; the purchase waits in the
     # credit file while it could still be funded, and is dropped, uncharged, once it cannot
-    again = done["again"]
+    again = _planet(env, "credits", "buy", "2", "--wait", "120", timeout=240)
     assert again.returncode != 0 and "Traceback" not in again.stderr
     assert "not funded by the end of epoch" in again.stderr, again.stderr
     assert "nothing was charged" in again.stderr, again.stderr
-    held = done["held"]
+    held = _planet(env, "credits", "show", "--json", timeout=60)
     assert json.loads(held.stdout) | {"file": ""} == {"credits": 2, "pending": 0, "file": ""}
 
 
@@ -492,19 +441,12 @@ def leaving(devnet: dict[str, Any]) -> Iterator[list[subprocess.Popen]]:
 
 
 def _charging_operator(
-    env: dict[str, str],
-    devnet: dict[str, Any],
-    home: Path,
-    shard: int,
-    port: int,
-    joins: threading.Event,
-    closing: threading.Event,
-) -> dict[str, str] | None:
+    env: dict[str, str], devnet: dict[str, Any], home: Path, shard: int, port: int
+) -> dict[str, str]:
     """A new operator in `home` running one charging node of `shard`: its wallet funded
-    (`planet devnet fund`) and staked (`planet stake`) at once; once `joins` is set, joined
-    (`planet join --credit-positions`, given the manifest and the model's config only, so it
-    fetches its shard from the nodes serving it); {home, address, key}, or None when the
-    module ended (`closing`) before the joins were asked for."""
+    (`planet devnet fund`), staked (`planet stake`) and joined (`planet join
+    --credit-positions`, given the manifest and the model's config only, so it fetches its
+    shard from the nodes serving it); {home, address, key}."""
     from node.keys import load_or_create_wallet
 
     password = Path(devnet["password_file"]).read_text()
@@ -526,9 +468,6 @@ def _charging_operator(
     manifest.parent.mkdir()
     shutil.copy(devnet["manifest"], manifest)
     shutil.copy(Path(devnet["manifest"]).parent / "config.json", manifest.parent)
-    joins.wait()
-    if closing.is_set():
-        return None
     argv = [sys.executable, "-m", "planet", "join", "--model", str(manifest),
             "--shard", str(shard), "--credit-positions", str(PAID_POSITIONS),
             "--port", str(port), "--home", str(home)]  # fmt: skip
@@ -542,94 +481,31 @@ def _charging_operator(
     return {"home": str(home), "address": address.lower(), "key": key}
 
 
-@dataclass
-class ChargingOperators:
-    """The personal-client test's three charging operators, one per shard, side by side
-    (`_charging_operator`): funded and staked from the first test that asks (the cheaters'
-    test: a staked operator without a node serves nothing), joined once `join` is called —
-    when the cheaters are convicted (their nodes then serve beside the free honest ones, which
-    leave in the personal-client test), so that their shard fetch and model load overlap the
-    tests that only wait for epochs and blocks."""
-
-    futures: list[Future]
-    joins: threading.Event
-
-    def join(self) -> None:
-        """Let the operators join (at once for those already staked); idempotent."""
-        self.joins.set()
-
-    def joined(self, timeout_s: float) -> dict[int, dict[str, str]]:
-        """{shard: {home, address, key}} once all three joined (their joins asked for)."""
-        self.join()
-        return {shard: f.result(timeout=timeout_s) for shard, f in enumerate(self.futures)}
-
-
 @pytest.fixture(scope="module")
 def charging_operators(
     env: dict[str, str], devnet: dict[str, Any], joined_homes: list[Path]
-) -> Iterator[ChargingOperators]:
-    """`ChargingOperators` in the homes PLANET_HOME/charging0…2."""
+) -> Iterator[list[Any]]:
+    """The personal-client test's three charging operators, one per shard, side by side
+    (`_charging_operator`), started in the background by the first test that asks: the
+    false-accusation test, once the cheaters are convicted (the nodes then serve beside the
+    free honest ones, which leave in the personal-client test), so that their funding, stake,
+    shard fetch and model load overlap the tests that only wait for epochs and blocks.
+    Futures of {home, address, key}, homes PLANET_HOME/charging0…2."""
     homes = [Path(env["PLANET_HOME"]) / f"charging{shard}" for shard in range(3)]
     ports = [ephemeral_port() for _ in homes]  # three at once on one host: each its own
     joined_homes.extend(homes)  # not devnet operators: stopped at the module's end
-    joins, closing = threading.Event(), threading.Event()
     pool = ThreadPoolExecutor(max_workers=len(homes))
     try:
-        yield ChargingOperators(
-            [
-                pool.submit(_charging_operator, env, devnet, home, shard, port, joins, closing)
-                for shard, (home, port) in enumerate(zip(homes, ports, strict=True))
-            ],
-            joins,
-        )
+        yield [
+            pool.submit(_charging_operator, env, devnet, home, shard, port)
+            for shard, (home, port) in enumerate(zip(homes, ports, strict=True))
+        ]
     finally:
-        closing.set()  # operators never asked to join stop before joining
-        joins.set()
         pool.shutdown(wait=True)
 
 
-@pytest.fixture(scope="module")
-def checking_only(env: dict[str, str], devnet: dict[str, Any]) -> Iterator[list[Any]]:
-    """Validators 1-3's verifiers, once restarted with spot checks only
-    (`_restart_checking_only`); stopped at the module's end (`devnet down` knows only the
-    ones it started)."""
-    started: list[Any] = []
-    yield started
-    for process in started:
-        process.terminate()
-    for process in started:
-        process.wait(timeout=30)
-
-
-def _restart_checking_only(env: dict[str, str], devnet: dict[str, Any], started: list[Any]) -> None:
-    """Validators 1-3's verifiers restarted with their own command lines plus
-    `--challenges-per-epoch 0 --sampled-per-epoch 0`: they go on committing seeds,
-    spot-checking (the leaving nodes' last work among it), re-judging and serving their
-    findings, but ask nothing. From the personal-client test on, no test reads a challenge of
-    theirs — the reputations, the convictions and the marks are read before — while each asked
-    the charging nodes through the hosted gateway every epoch: the reference pass, the
-    gateway's and the nodes' forwards, a credit redeemed (issue 41: measured 2026-12-06, the
-    module 245.8 -> 223.0 CPU-s in one run each). Validator 0's verifier is restarted by its
-    own test."""
-    from node.procs import command_line, spawn_logged
-
-    hosted = devnet["pids"]["verifiers"][1:]
-    argvs = {}
-    for index, pid in enumerate(hosted, start=1):
-        argv = command_line(pid)
-        assert argv, f"verifier {pid} of validator{index} is not running"
-        argvs[index] = [part.decode() for part in argv[:-1]]  # /proc ends each one with \0
-        os.kill(pid, signal.SIGTERM)
-    for pid in hosted:  # each serves its findings on its port: gone before it is taken again
-        _wait(lambda p=pid: not pid_alive(p), 60, f"verifier {pid} stopping", every_s=0.5)
-    for index, argv in argvs.items():
-        asks_nothing = ["--challenges-per-epoch", "0", "--sampled-per-epoch", "0"]
-        log_path = Path(devnet["dir"]) / "logs" / f"verifier{index}-checks.log"
-        started.append(spawn_logged([*argv, *asks_nothing], log_path, env=env))
-
-
 def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_payer(
-    env, devnet, first_purchases, charging_operators, leaving, checking_only
+    env, devnet, charging_operators, leaving
 ) -> None:
     """A network where every routable node charges credits: three new operators join one charging
     node per shard (`planet join --credit-positions`, each given the manifest and the model's config
@@ -648,14 +524,6 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     rpc = devnet["committee_rpc"][0]
     password = Path(devnet["password_file"]).read_text()
     with_password = {**env, "PLANET_PASSWORD": password}
-    _restart_checking_only(env, devnet, checking_only)
-    # the user's earlier purchases are over (their tests check them), each in a statement of
-    # an epoch closed before this test's first height (so it reads this test's purchase alone)
-    wait([first_purchases])
-    bought_in = _query(rpc, "/epochs")["current"]
-    if first_purchases.exception() is None:
-        bought_in = first_purchases.result()["epoch"]
-    _wait(lambda: _query(rpc, "/epochs")["current"] >= bought_in + 2, 120, "an epoch closed")
     start_height = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
 
     # first the user buys credits (the escrow balance pays the mint): nothing of it depends
@@ -667,7 +535,9 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
 
     # three operators, each one charging node, side by side: each funded, staked and joined
     # since the false-accusation test (`charging_operators`)
-    paid = charging_operators.joined(timeout_s=600)
+    paid = {
+        shard: operator.result(timeout=600) for shard, operator in enumerate(charging_operators)
+    }
     # the free honest nodes leave, side by side: every node still routable charges credits.
     # Each node answers the spot checks of its last work before it stops (about a minute: the
     # module goes on meanwhile; the last test waits for them and checks that no timeout verdict
@@ -792,15 +662,15 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
 
 
 def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_nodes(
-    env, devnet, first_purchases, joined_homes
+    env, devnet, joined_homes
 ) -> None:
     """After the test before, the routable nodes are the three charging ones that joined.
-    Validator 0's operator, who bought credits (`first_purchases`), runs their own personal
-    client (route uniform, so every routable node is challenged) and restarts their verifier
-    with `--personal-client` instead of asking through the hosted gateway (which sees every
-    challenge): its next challenge runs on the charging nodes (paid with those credits), names
-    them, and scores the honest ones fully. (The credits come from the devnet's user wallet: a
-    verifier operator buys them like any user.)"""
+    Validator 0's operator buys credits, runs their own personal client (route uniform, so
+    every routable node is challenged) and restarts their verifier with `--personal-client`
+    instead of asking through the hosted gateway (which sees every challenge): its next
+    challenge runs on the charging nodes (paid with those credits), names them, and scores the
+    honest ones fully. (The credits come from the devnet's user wallet: a verifier operator
+    buys them like any user.)"""
     from deploy.committee.network import load_network
     from node.gateway.personal_token import load_or_create
     from node.procs import spawn_logged
@@ -808,14 +678,15 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
     rpc = devnet["committee_rpc"][0]
     charging = {n["key"][:12] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
     assert len(charging) == 3 and len(joined_homes) == 3, charging  # the test before's nodes
-    # validator 0's operator bought its credits with the user's first purchases (where the
-    # personal-client test cannot count them as its own); its verifier is pointed at its
-    # personal client's port and token before the client can start (the verifier waits for
-    # it, and asks again at each challenge)
-    credits_file = _verifier_credits(env)
-    deposit, bought = first_purchases.result(timeout=900)["verifier"]
-    assert deposit.returncode == 0, deposit.stderr
-    assert bought is not None and bought.returncode == 0, bought and bought.stderr
+    credits_file = Path(env["PLANET_HOME"]) / "verifier0-credits.json"
+    # the credits are bought while validator 0's verifier restarts and loads its model: it is
+    # pointed at its personal client's port and token before the client can start (a client
+    # needs credits to start; the verifier waits for it, and asks again at each challenge)
+    purchase = ThreadPoolExecutor(max_workers=1)
+    buying = purchase.submit(
+        _deposit_and_buy, env, devnet, "0.00003", "24", "--credits-file", str(credits_file)
+    )
+    purchase.shutdown(wait=False)
     validator = load_network(Path(devnet["committee_dir"])).validators[0]
     hosted = devnet["pids"]["verifiers"][0]  # validator 0's verifier, asking the gateway
     os.kill(hosted, signal.SIGTERM)
@@ -836,6 +707,9 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
             "--challenges-per-epoch", "1", "--sampled-per-epoch", "0"]  # fmt: skip
     verifier = spawn_logged(argv, log_path, env=env)
     try:
+        deposit, bought = buying.result(timeout=400)
+        assert deposit.returncode == 0, deposit.stderr
+        assert bought is not None and bought.returncode == 0, bought and bought.stderr
         with personal_client(
             devnet["manifest"],
             rpc,
@@ -946,14 +820,12 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
         return json.load(answer)["result"]
 
 
-def test_no_honest_node_is_slashed_for_leaving(devnet, leaving, checking_only) -> None:
+def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
     """Last: the honest nodes' `planet leave` (started by the personal-client test) kept each
     node answering the spot checks of its last work, then stopped it; and no verdict against any
     of them was ever confirmed — in particular no ticket timeout for blocks they committed
     before leaving."""
     assert len(leaving) == 3, "the honest nodes never left (the personal-client test failed)"
-    # validators 1-3's verifiers, restarted to spot-check only, did so to the end
-    assert len(checking_only) == 3 and all(p.poll() is None for p in checking_only)
     for process in leaving:
         out, err = process.communicate(timeout=400)
         assert process.returncode == 0 and "chain status LEFT" in out, err[-3000:]
