@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.zygote import running
 from node.procs import command_line, run_captured, since_last_start, spawn_logged
 from node.zygote import ENV_VAR
 from node.zygote.client import ZygoteChild
@@ -74,13 +73,6 @@ def _ip_netns_usable() -> bool:
 
 if not _ip_netns_usable():
     pytest.skip("needs root and `ip netns`", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with running(tmp_path_factory.mktemp("zygote"), preload="json") as path:
-        assert path is not None, "the zygote did not start"
-        yield path
 
 
 @pytest.fixture

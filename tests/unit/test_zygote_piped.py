@@ -15,12 +15,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.zygote import running
 from node.procs import spawn_piped
 from node.zygote import ENV_VAR
 from node.zygote.client import ZygoteChild
@@ -53,13 +51,6 @@ PROBE = textwrap.dedent(
         sys.exit(int(sys.argv[2]))
     """
 )
-
-
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with running(tmp_path_factory.mktemp("zygote"), preload="json") as path:
-        assert path is not None, "the zygote did not start"
-        yield path
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.zygote import running
 from node.procs import run_captured
 from node.server.launcher import pid_alive
 from node.zygote import ENV_VAR
@@ -52,13 +50,6 @@ PROBE = textwrap.dedent(
         time.sleep(120)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with running(tmp_path_factory.mktemp("zygote"), preload="json") as path:
-        assert path is not None, "the zygote did not start"
-        yield path
 
 
 @pytest.fixture
