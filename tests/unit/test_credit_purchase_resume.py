@@ -112,7 +112,12 @@ def _gather(chain: Chain, stores: Path) -> Any:
 
 
 def _finish(
-    chain: Chain, stores: Path, wallet: CreditWallet, **kwargs: Any
+    chain: Chain,
+    stores: Path,
+    wallet: CreditWallet,
+    *,
+    fund_timeout_s: float = 0.01,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> list[ThresholdCredit]:
     [pending] = wallet.pending()
     return asyncio.run(
@@ -122,8 +127,8 @@ def _finish(
             wallet,
             pending,
             timeout_s=1.0,
-            fund_timeout_s=kwargs.get("fund_timeout_s", 0.01),
-            progress=lambda line: None,
+            fund_timeout_s=fund_timeout_s,
+            progress=progress,
         )
     )
 
@@ -162,19 +167,8 @@ def test_a_client_that_died_after_the_funding_finds_its_mint_refunded_and_drops_
     while chain.state.height <= deadline:
         chain.block([])
     assert chain.state.committed("mint", request.mint_id)["refunded_height"] == deadline
-    [pending] = wallet.pending()
     lines: list[str] = []
-    credits = asyncio.run(
-        complete(
-            ChainLink(chain),
-            _gather(chain, stores),
-            wallet,
-            pending,
-            timeout_s=1.0,
-            fund_timeout_s=0.01,
-            progress=lines.append,
-        )
-    )
+    credits = _finish(chain, stores, wallet, progress=lines.append)
     assert credits == [] and wallet.count() == 0 and wallet.pending() == []
     assert any("refunded at block" in line for line in lines), lines
 
