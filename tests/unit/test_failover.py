@@ -130,7 +130,7 @@ async def _answer(
     source: ReplicaCircuits,
     head: Any,
     ids: list[int],
-    on_token: Any,
+    on_token: Any = None,
     speculation: SpeculationConfig | None = None,
     stats: SpeculationStats | None = None,
     timings: Timings | None = None,
@@ -150,7 +150,8 @@ async def _answer(
         stats=stats,
     ):
         tokens.append(token)
-        await on_token(len(tokens))
+        if on_token is not None:
+            await on_token(len(tokens))
     return tokens, timings
 
 
@@ -486,11 +487,7 @@ async def test_failover_next_hop_refused_by_policy_replaces_the_next_hop_not_the
     servers[0].app[STATE_KEY].next_hops = stale
     async with aiohttp.ClientSession() as http:
         source = _source(http, manifest, hops)
-
-        async def on_token(count: int) -> None:
-            pass
-
-        tokens, timings = await _answer(source, head, ids, on_token)
+        tokens, timings = await _answer(source, head, ids)
     assert tokens == _expected(model, ids)
     assert [(f.code, f.hops) for f in timings.failovers] == [("next_hop_not_allowed", (1,))]
     first, second = source.circuits
@@ -529,11 +526,7 @@ async def test_failover_a_hop_naming_next_hops_twice_is_replaced_itself(aiohttp_
         state.next_hops = _RefusesAll(hop.url, state.next_hops)
     async with aiohttp.ClientSession() as http:
         source = _source(http, manifest, hops)
-
-        async def on_token(count: int) -> None:
-            pass
-
-        tokens, timings = await _answer(source, head, ids, on_token)
+        tokens, timings = await _answer(source, head, ids)
     assert tokens == _expected(model, ids)
     assert [f.hops for f in timings.failovers] == [(1,), (0, 1)]
     assert source.circuits[0][0].url == hostile[0] != source.circuits[-1][0].url
