@@ -44,8 +44,13 @@ class EnterError(OSError):
 
 
 def valid_name(name: str) -> bool:
-    """A name `ip netns` could have made: one path component."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+    """A name `ip netns` could have made: one path component (at most NAME_MAX bytes)."""
+    return (
+        0 < len(os.fsencode(name)) <= 255
+        and name not in (".", "..")
+        and "/" not in name
+        and "\0" not in name
+    )
 
 
 def split(argv: Sequence[str]) -> tuple[str | None, list[str]]:

@@ -301,7 +301,7 @@ def test_split_takes_only_the_ip_netns_exec_prefix(argv: list[str], expected: tu
     assert split_netns(argv) == expected
 
 
-@pytest.mark.parametrize("name", ["", "..", "a/b", 7])
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", "n" * 256, 7, ["ns1"], {"ns": 1}])
 def test_request_with_a_bad_netns_name_is_refused_by_name(name: object) -> None:
     message = {
         "argv": [sys.executable, "-m", "x"], "env": {}, "cwd": "/", "new_session": True,
