@@ -12,22 +12,23 @@ address and is listed routable; with its node beside node0's on shard 0, a quest
 shard-0 node is killed (SIGKILL) after its third decode pass ends with the text of the same
 question asked without a kill. `planet devnet down` always runs and leaves no namespace.
 
-The overlay and NAT (issue 43; the devnet has `--relay-hosts 3 --nat-hosts 1`): three relays,
+The overlay and NAT (issue 43; the devnet has `--relay-hosts 6 --nat-hosts 1`): six relays,
 each in its own host, staked (`planet stake --role relay`) and registered by `planet relay
 serve`, fronting nodes behind NAT (`--rendezvous-ports`), listed by the committee; a node in
 nat0, a host behind router0's NAT (only outbound connections, masqueraded), staked and joined
 with the default `--rendezvous check`: a relay dials it back, fails, fronts it, and the node is
 listed routable at its port on that relay and answers a question whose circuit names it with
 the loopback text; the personal client in the user host over the overlay (`--relays chain
---overlay 3,2,1`), asked by the official `openai` client, answers the loopback text while a
+--overlay 3,2,2`), asked by the official `openai` client, answers the loopback text while a
 capture on the bridge shows no question, answer or word of them in clear at any relay's host.
 The capture also shows the user's host exchanging no packet with the first node's: the client's
 router reads every node's /info over the relays too (INFO link messages, issue 43). And the
-CLI's overlay route: `planet ask --relays chain --overlay 3,2,1 --credits` in the user host
+CLI's overlay route: `planet ask --relays chain --overlay 3,2,2 --credits` in the user host
 answers the loopback tokens while the capture shows the user's host exchanging packets only
-with the relays and the committee's validator, no node's host with the user's, each relay only
-with its neighbours (the user's host, the nodes; never another relay), and no question, answer
-or embedding rows in clear on any link.
+with its three guard relays and the committee's validator, no node's host with the user's, each
+relay only with its neighbours (a guard: the user's host and exit relays; an exit: guards and
+the nodes), so no relay saw both the user and a node, and no question, answer or embedding rows
+in clear on any link.
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
 With the `planet ask --relays` question (one more question over the relays) the module ran
@@ -35,6 +36,8 @@ With the `planet ask --relays` question (one more question over the relays) the 
 `planet devnet exec ... planet` command forked from the session's zygote (issue 41: `ip netns
 exec` done by the fork, node/zygote/netns.py): 147 -> 80 CPU-s for the module (slot.sh's
 cpuacct, one run each, the same box).
+Six relays (2-relay paths, so that no relay sees both the user and a node; they stake side by
+side): 208 s wall, 93.9 CPU-s, 11 passed (slot.sh, the box shared with three other engineers).
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +75,12 @@ QUESTION = "What is the capital of France?"
 MAX_TOKENS = 8
 MODEL = "smollm2-135m-3p-int8"  # what `planet devnet up` serves by default (--quant int8)
 PUBLIC_ONLY_PORT = 18150  # a node in the `user` host (served to itself only)
-RELAYS = 3  # relay0… : `planet relay serve`, staked and registered, each fronting nodes too
+RELAYS = 6  # relay0… : `planet relay serve`, staked and registered, each fronting nodes too
 RELAY_PORT = 9100  # deploy/devnet/hosts.py RELAY_PORT, RENDEZVOUS_PORTS
 RENDEZVOUS_PORTS = "9200-9203"
 NAT_SHARD = 2  # the node behind NAT joins this shard
 PERSONAL_PORT = 18160  # the personal client, on the user host's loopback
-OVERLAY = "3,2,1"  # 3 paths of 1 relay per hop, any 2 enough: every relay on every link
+OVERLAY = "3,2,2"  # 3 paths of 2 relays, any 2 enough: every relay on one path, none sees both ends
 # the user's bearer credits: the NAT question's nodes, the two overlay questions' nodes and relays
 CREDITS = 45
 
@@ -405,17 +409,23 @@ print(' '.join(sorted(r.url for r in listed)))
 def relays(env, devnet, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """relay0… each: its operator's wallet funded, a Relay stake (`planet stake --role relay`),
     `planet relay serve` in its own host registering itself on the committee and fronting
-    nodes behind NAT (--rendezvous-ports); their URLs once the committee lists them all."""
+    nodes behind NAT (--rendezvous-ports); their URLs once the committee lists them all. The
+    wallets are funded one after another (one dev account sends them all), then each relay
+    stakes and starts in its own thread (its own wallet: no two share a nonce)."""
     from node.keys import create_dev_wallet
 
     addresses = {name: host["address"] for name, host in devnet["hosts"]["hosts"].items()}
-    urls = []
+    homes = []
     for i in range(RELAYS):
         home = tmp_path_factory.mktemp(f"relay{i}")
-        own = {**env, "PLANET_PASSWORD": f"relay{i} pw"}
-        wallet = create_dev_wallet(home / "wallet.json", own["PLANET_PASSWORD"]).address
+        wallet = create_dev_wallet(home / "wallet.json", f"relay{i} pw").address
         funded = _planet(env, "devnet", "fund", wallet, timeout=60)
         assert funded.returncode == 0, funded.stderr
+        homes.append(home)
+
+    def start(i: int) -> str:
+        home = homes[i]
+        own = {**env, "PLANET_PASSWORD": f"relay{i} pw"}
         staked = _in_host(
             own, f"relay{i}", "stake", "--role", "relay", "--amount", "0.1", "--home", str(home)
         )
@@ -435,7 +445,10 @@ def relays(env, devnet, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         assert any(line.startswith("registered relay") for line in lines), (
             lines, (home / "relay.log").read_text()[-2000:],
         )  # fmt: skip
-        urls.append(f"http://{address}:{RELAY_PORT}")
+        return f"http://{address}:{RELAY_PORT}"
+
+    with ThreadPoolExecutor(max_workers=RELAYS) as pool:
+        urls = list(pool.map(start, range(RELAYS)))
     probe = ["devnet", "exec", "user", "--", sys.executable, "-c", RELAYS_PROBE,
              devnet["committee_rpc"][0], str(RELAYS)]  # fmt: skip
     listed = _planet(env, *probe, timeout=180)
@@ -535,7 +548,7 @@ else:
 
 @pytest.fixture(scope="module")
 def overlay_question(env, devnet, relays, user_credits) -> dict[str, Any]:
-    """`planet gateway serve --personal --relays chain --overlay 3,2,1` in the user host,
+    """`planet gateway serve --personal --relays chain --overlay 3,2,2` in the user host,
     asked by the official `openai` client there while the lab's bridge is captured: the
     answer, the flows, and the hosts' addresses."""
     from tests.bridge_capture import BridgeCapture
@@ -577,7 +590,7 @@ def overlay_question(env, devnet, relays, user_credits) -> dict[str, Any]:
 def test_hosts_personal_client_over_the_overlay_has_the_loopback_text_and_relays_read_none(
     overlay_question, loopback
 ) -> None:
-    """The personal client over the overlay (3 paths of 1 relay per hop, any 2 enough) answers
+    """The personal client over the overlay (3 paths of 2 relays, any 2 enough) answers
     the official `openai` client with the loopback text; the user host reached the relays, and
     no relay's host carried the question, the answer or any longer word of them in clear
     (cloves: AES-GCM under S-IDA, in per-hop layers; a fronted node's bytes: TLS)."""
@@ -616,7 +629,7 @@ def test_hosts_personal_client_over_the_overlay_hides_the_user_from_the_first_no
 
 @pytest.fixture(scope="module")
 def ask_relays_question(env, devnet, relays, user_credits) -> dict[str, Any]:
-    """`planet ask --relays chain --overlay 3,2,1 --credits` in the user host, the devnet's
+    """`planet ask --relays chain --overlay 3,2,2 --credits` in the user host, the devnet's
     nodes file (node0…2), while the lab's bridge is captured: the answer and the flows."""
     from tests.bridge_capture import BridgeCapture
 
@@ -642,13 +655,13 @@ def _peers(flows: dict[Any, bytes], address: str) -> set[str]:
 def test_hosts_ask_over_relays_user_talks_only_to_relays_and_no_node_sees_the_user(
     ask_relays_question, loopback
 ) -> None:
-    """`planet ask --relays chain` (3 paths of 1 relay per hop, any 2 enough) answers the
+    """`planet ask --relays chain` (3 paths of 2 relays, any 2 enough) answers the
     loopback text (the direct path's greedy tokens). On the bridge: the user's host exchanged
-    packets with the relays and the committee's validator (the /relays list) only, never with
-    a model node's host; no node's host exchanged any with the user's; each relay only with
-    its neighbours on a 1-relay path (the user's host and the nodes), never with another
-    relay; neither the question, the answer nor any longer word of them crossed any link in
-    clear, nor the prompt's embedding rows."""
+    packets with three relays (its guards) and the committee's validator (the /relays list)
+    only, never with a model node's host; no node's host exchanged any with the user's; each
+    relay only with its neighbours (a guard: the user's host and exits; an exit: guards and
+    the nodes), so no relay saw both the user and a node; neither the question, the answer
+    nor any longer word of them crossed any link in clear, nor the prompt's embedding rows."""
     from node.model.head import ClientHead
     from node.model.source import models_dir
 
@@ -665,18 +678,27 @@ def test_hosts_ask_over_relays_user_talks_only_to_relays_and_no_node_sees_the_us
     print(f"ask --relays capture: {ask_relays_question['frames']} frames; user's peers {peers}")
     assert not peers & node_hosts, sorted(peers & node_hosts)
     assert peers <= relay_hosts | committee, sorted(peers - relay_hosts)
-    assert relay_hosts <= peers  # n = 3 paths of 1 relay per hop: every relay carried cloves
+    assert len(peers & relay_hosts) == 3  # 3 paths, each entered by one of the user's guards
     for node in node_hosts:  # the nodes were asked (through the exits) and never saw the user
         assert _peers(flows, node) & relay_hosts, node
         assert user not in _peers(flows, node), node
-    # besides the question's: the committee (its /relays and /node reads), router0 (nat0's
-    # rendezvous link, masqueraded), the gateway (reading a fronted node's /info)
+    # 3 paths of 2 relays: the user's guards enter them and talk to the user and the exits,
+    # the exits to the guards and the nodes; no relay talks to both the user and a node, nor
+    # to a relay of its own kind. Besides the question's: the committee (its /relays and
+    # /node reads), router0 (nat0's rendezvous link, masqueraded), the gateway (reading a
+    # fronted node's /info)
     others = committee | {addresses[n] for n in addresses if n.startswith(("router", "gateway"))}
+    entries = {relay for relay in relay_hosts if user in _peers(flows, relay)}
+    exits = {relay for relay in relay_hosts if _peers(flows, relay) & node_hosts}
+    print(f"ask --relays: entries {sorted(entries)}, exits {sorted(exits)}")
+    assert len(entries) == 3 and len(exits) == 3 and not entries & exits, (entries, exits)
     for relay in relay_hosts:
         seen = _peers(flows, relay)
         print(f"{relay}'s peers: {sorted(seen)}")
-        assert user in seen and seen & node_hosts, (relay, seen)
-        assert seen <= {user} | node_hosts | others, (relay, sorted(seen))  # no other relay
+        if relay in entries:
+            assert seen & exits and seen <= {user} | exits | others, (relay, sorted(seen))
+        else:
+            assert seen & entries and seen <= node_hosts | entries | others, (relay, sorted(seen))
     everything = b"".join(flows.values())
     assert len(everything) > 10_000
     words = {word for word in text.replace(".", " ").split() if len(word) >= 5}
