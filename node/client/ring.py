@@ -1,0 +1,119 @@
+"""The client's end of a ring session: the circuit's first node runs the decode loop
+(docs/overlay.md, *The ring*; node/server/ring.py), the client checks every token and pays.
+
+    async for token in generate_ring(client, head, prompt_ids, max_new_tokens=64): ...
+
+The client opens the session with the ring spec (the prompt's length, the token limit, its stop
+ids, its sampling), sends the prompt as ordinary prefill frames (paid ahead of each chunk, as
+always) and then only reads: ring tokens messages from the first hop, each token with the
+hidden row it was chosen from. For each token it computes the logits from that row with its
+own head and draws its own sample from its own Generator (the same seed, one draw per token):
+a token that differs stops the session (`RingMismatchError`, the first hop blamed) and nothing
+more is paid. It yields the tokens the client-driven loop would yield (`CircuitClient.generate`:
+same stop rule, same limit).
+
+Payment ahead of the loop: right after the prompt's last chunk went, and after each tokens
+message, every charging hop i is paid up to min(next + price_i, N + M − 1) positions, where
+`next` is the positions the circuit holds once the loop's next frame is computed (N + max(1,
+chosen)). So a hop holds credits for less than two chunks beyond what it computed, and its
+loop stalls for a `pay` only when it computes a whole chunk faster than one client round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import numpy as np
+
+from node.client.capabilities import new_session_id
+from node.client.circuit import CircuitClient
+from node.client.types import Head, Timings
+from protocol.frames.codecs import decode_values
+from protocol.ring import MAX_RING_TOKENS, RingMismatchError, RingSpec
+from protocol.sampling import SamplingConfig, sample
+
+
+def ring_targets(client: CircuitClient, spec: RingSpec, chosen: int) -> list[int]:
+    """Per hop, the positions to have paid once `chosen` tokens were read (module docstring)."""
+    payer = client.payer
+    assert payer is not None
+    after_next = spec.prompt + max(1, chosen)
+    ceiling = spec.last_position + 1
+    return [min(after_next + max(0, payer.price(hop.url)), ceiling) for hop in client.hops]
+
+
+async def generate_ring(
+    client: CircuitClient,
+    head: Head,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    timings: Timings | None = None,
+    stop_on_eos: bool = True,
+    on_logits: Callable[[np.ndarray], None] | None = None,
+    timeout_s: float | None = None,
+) -> AsyncIterator[int]:
+    """Yield the ring's tokens once checked (module docstring); the first failure is raised
+    (no failover: a ring session that fails is not replayed)."""
+    sampling = (sampling or SamplingConfig()).validate()
+    rng = sampling.rng()
+    timings = timings if timings is not None else Timings()
+    prompt = list(prompt_ids)
+    timings.begin(len(prompt))
+    stop = frozenset(head.eos_token_ids) if stop_on_eos else frozenset()
+    spec = RingSpec(
+        prompt=len(prompt),
+        max_new=min(max_new_tokens, MAX_RING_TOKENS),
+        stop=stop,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+    )
+    sid = client.new_sid()
+    client.ring_sids.add(sid)
+    sent0, received0 = client.bytes_sent, client.bytes_received
+
+    async def pay_ahead(chosen: int) -> None:
+        if client.payer is not None:
+            await client.pay_upto(sid, ring_targets(client, spec, chosen))
+
+    try:
+        await client.open(new_session_id(), sid, wait=False, prompt=prompt, ring=spec)
+        await client.prefill(
+            sid,
+            head.embed_np(prompt),
+            split_at=len(prompt),
+            timeout_s=timeout_s,
+            on_sent=lambda: pay_ahead(0),
+        )
+        chosen = 0
+        while True:
+            batch = await client.receive_ring(sid, spec.prompt - 1 + chosen, timeout_s)
+            for token, row in zip(batch.tokens, batch.rows, strict=True):
+                hidden = decode_values(batch.dtype, batch.codec, (1, 1, client.hidden_size), row)
+                logits = await client.logits(head, hidden[0, -1])
+                mine = sample(logits, sampling, rng)
+                if mine != token:
+                    client.blame_hop(sid, 0)
+                    raise RingMismatchError(
+                        f"node {client.hops[0].url} sent token {token} at position "
+                        f"{spec.prompt + chosen}; its own hidden state gives {mine}"
+                    )
+                if on_logits is not None:
+                    on_logits(logits)
+                chosen += 1
+                timings.chose(chosen)
+                if chosen > 1:
+                    timings.decode_steps += 1
+                if token in stop:
+                    return
+                timings.new_tokens += 1
+                yield token
+                if chosen == spec.max_new:
+                    return
+            await pay_ahead(chosen)
+    finally:
+        timings.wire_bytes_sent += client.bytes_sent - sent0
+        timings.wire_bytes_received += client.bytes_received - received0
+        await client.close(sid)
