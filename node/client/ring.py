@@ -9,8 +9,10 @@ always) and then only reads: ring tokens messages from the first hop, each token
 hidden row it was chosen from. For each token it computes the logits from that row with its
 own head and draws its own sample from its own Generator (the same seed, one draw per token):
 a token that differs stops the session (`RingMismatchError`, the first hop blamed) and nothing
-more is paid. It yields the tokens the client-driven loop would yield (`CircuitClient.generate`:
-same stop rule, same limit).
+more is paid (greedy: a token whose logit ties the client's argmax within `TIE_TOLERANCE`, as
+the same head computed elsewhere may round its last bits otherwise, is the node's to pick). It
+yields the tokens the client-driven loop would yield (`CircuitClient.generate`: same stop rule,
+same limit).
 
 Payment ahead of the loop: right after the prompt's last chunk went, and after each tokens
 message, every charging hop i is paid up to min(next + price_i, N + M − 1) positions, where
@@ -31,6 +33,19 @@ from node.client.types import Head, Timings
 from protocol.frames.codecs import decode_values
 from protocol.ring import MAX_RING_TOKENS, RingMismatchError, RingSpec
 from protocol.sampling import SamplingConfig, sample
+
+# greedy: a token whose logit is this close to the client's own argmax is the node's to pick
+# (the same head on another machine or thread count may round the last bits differently)
+TIE_TOLERANCE = 1e-4
+
+
+def near_tie(logits: np.ndarray, mine: int, token: int, sampling: SamplingConfig) -> bool:
+    """Greedy only: `token` (the node's) ties the client's choice `mine` within rounding. A
+    sampled token is checked exactly (the draw is the client's to replay)."""
+    if not sampling.greedy or not 0 <= token < logits.shape[-1]:
+        return False
+    top = float(logits[mine])
+    return float(logits[token]) >= top - TIE_TOLERANCE * max(1.0, abs(top))
 
 
 def ring_targets(client: CircuitClient, spec: RingSpec, chosen: int) -> list[int]:
@@ -94,7 +109,7 @@ async def generate_ring(
                 hidden = decode_values(batch.dtype, batch.codec, (1, 1, client.hidden_size), row)
                 logits = await client.logits(head, hidden[0, -1])
                 mine = sample(logits, sampling, rng)
-                if mine != token:
+                if mine != token and not near_tie(logits, mine, token, sampling):
                     client.blame_hop(sid, 0)
                     raise RingMismatchError(
                         f"node {client.hops[0].url} sent token {token} at position "
