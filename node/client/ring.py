@@ -23,16 +23,46 @@ loop stalls for a `pay` only when it computes a whole chunk faster than one clie
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from node.client.capabilities import new_session_id
-from node.client.circuit import CircuitClient
 from node.client.types import Head, Timings
 from protocol.frames.codecs import decode_values
 from protocol.ring import MAX_RING_TOKENS, RingMismatchError, RingSpec
 from protocol.sampling import SamplingConfig, sample
+
+
+class RingCircuit(Protocol):
+    """What the ring needs of `node.client.circuit.CircuitClient` (named here, not imported:
+    the circuit's `generate` reaches this module through failover.py)."""
+
+    hops: tuple[Any, ...]
+    hidden_size: int
+    payer: Any
+    ring_sids: set[int]
+    bytes_sent: int
+    bytes_received: int
+
+    def new_sid(self) -> int: ...
+
+    async def open(self, secret: str, sid: int | None = None, **kwargs: Any) -> int: ...
+
+    async def prefill(self, sid: int, ids_hidden: np.ndarray, **kwargs: Any) -> np.ndarray: ...
+
+    async def receive_ring(self, sid: int, start: int, timeout_s: float | None = None) -> Any: ...
+
+    async def logits(self, head: Head, hidden_last: np.ndarray) -> np.ndarray: ...
+
+    async def pay_upto(self, sid: int, targets: Sequence[int]) -> None: ...
+
+    def blame_hop(self, sid: int, index: int, *, named_by: int | None = None) -> None: ...
+
+    async def close(self, sid: int) -> None: ...
+
 
 # greedy: a token whose logit is this close to the client's own argmax is the node's to pick
 # (the same head on another machine or thread count may round the last bits differently)
@@ -48,7 +78,7 @@ def near_tie(logits: np.ndarray, mine: int, token: int, sampling: SamplingConfig
     return float(logits[token]) >= top - TIE_TOLERANCE * max(1.0, abs(top))
 
 
-def ring_targets(client: CircuitClient, spec: RingSpec, chosen: int) -> list[int]:
+def ring_targets(client: RingCircuit, spec: RingSpec, chosen: int) -> list[int]:
     """Per hop, the positions to have paid once `chosen` tokens were read (module docstring)."""
     payer = client.payer
     assert payer is not None
@@ -57,8 +87,71 @@ def ring_targets(client: CircuitClient, spec: RingSpec, chosen: int) -> list[int
     return [min(after_next + max(0, payer.price(hop.url)), ceiling) for hop in client.hops]
 
 
+async def ring_tokens(
+    client: RingCircuit,
+    sid: int,
+    head: Head,
+    history: Sequence[int],
+    *,
+    max_new: int,
+    stop: frozenset[int],
+    sampling: SamplingConfig,
+    rng: np.random.Generator,
+    split_at: int | None = None,
+    prefill_last_only: bool = True,
+    on_prefill: Callable[[int, np.ndarray], None] | None = None,
+    timeout_s: float | None = None,
+) -> AsyncIterator[tuple[int, np.ndarray]]:
+    """Open `sid` as a ring session over `history` (sent as prefill frames, split at
+    `split_at` as the failover's replay splits it), and yield each token the first hop chose
+    with its logits, once the client's own head and sampler (`rng`, one draw per token) chose
+    it too; the last one is a stop id or the `max_new`-th. The caller closes `sid`."""
+    spec = RingSpec(
+        prompt=len(history),
+        max_new=min(max_new, MAX_RING_TOKENS),
+        stop=stop,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+    )
+
+    async def pay_ahead(chosen: int) -> None:
+        if client.payer is not None:
+            await client.pay_upto(sid, ring_targets(client, spec, chosen))
+
+    client.ring_sids.add(sid)
+    await client.open(new_session_id(), sid, wait=False, prompt=list(history), ring=spec)
+    await client.prefill(
+        sid,
+        head.embed_np(list(history)),
+        last_only=prefill_last_only,
+        on_chunk=on_prefill,
+        split_at=split_at,
+        timeout_s=timeout_s,
+        on_sent=lambda: pay_ahead(0),
+    )
+    chosen = 0
+    while True:
+        batch = await client.receive_ring(sid, spec.prompt - 1 + chosen, timeout_s)
+        for token, row in zip(batch.tokens, batch.rows, strict=True):
+            hidden = decode_values(batch.dtype, batch.codec, (1, 1, client.hidden_size), row)
+            logits = await client.logits(head, hidden[0, -1])
+            mine = sample(logits, sampling, rng)
+            if mine != token and not near_tie(logits, mine, token, sampling):
+                client.blame_hop(sid, 0)
+                raise RingMismatchError(
+                    f"node {client.hops[0].url} sent token {token} at position "
+                    f"{spec.prompt + chosen}; its own hidden state gives {mine}"
+                )
+            chosen += 1
+            yield token, logits
+            if token in stop or chosen == spec.max_new:
+                return
+        await pay_ahead(chosen)
+
+
 async def generate_ring(
-    client: CircuitClient,
+    client: RingCircuit,
     head: Head,
     prompt_ids: Sequence[int],
     *,
@@ -69,52 +162,30 @@ async def generate_ring(
     on_logits: Callable[[np.ndarray], None] | None = None,
     timeout_s: float | None = None,
 ) -> AsyncIterator[int]:
-    """Yield the ring's tokens once checked (module docstring); the first failure is raised
-    (no failover: a ring session that fails is not replayed)."""
+    """Yield the ring's tokens once checked, on this one circuit (module docstring; the first
+    failure is raised: `node.client.failover.generate(ring=True)` replaces failed hops)."""
     sampling = (sampling or SamplingConfig()).validate()
-    rng = sampling.rng()
     timings = timings if timings is not None else Timings()
     prompt = list(prompt_ids)
     timings.begin(len(prompt))
     stop = frozenset(head.eos_token_ids) if stop_on_eos else frozenset()
-    spec = RingSpec(
-        prompt=len(prompt),
-        max_new=min(max_new_tokens, MAX_RING_TOKENS),
-        stop=stop,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-    )
     sid = client.new_sid()
-    client.ring_sids.add(sid)
     sent0, received0 = client.bytes_sent, client.bytes_received
-
-    async def pay_ahead(chosen: int) -> None:
-        if client.payer is not None:
-            await client.pay_upto(sid, ring_targets(client, spec, chosen))
-
+    chosen = 0
+    tokens = ring_tokens(
+        client,
+        sid,
+        head,
+        prompt,
+        max_new=max_new_tokens,
+        stop=stop,
+        sampling=sampling,
+        rng=sampling.rng(),
+        timeout_s=timeout_s,
+    )
     try:
-        await client.open(new_session_id(), sid, wait=False, prompt=prompt, ring=spec)
-        await client.prefill(
-            sid,
-            head.embed_np(prompt),
-            split_at=len(prompt),
-            timeout_s=timeout_s,
-            on_sent=lambda: pay_ahead(0),
-        )
-        chosen = 0
-        while True:
-            batch = await client.receive_ring(sid, spec.prompt - 1 + chosen, timeout_s)
-            for token, row in zip(batch.tokens, batch.rows, strict=True):
-                hidden = decode_values(batch.dtype, batch.codec, (1, 1, client.hidden_size), row)
-                logits = await client.logits(head, hidden[0, -1])
-                mine = sample(logits, sampling, rng)
-                if mine != token and not near_tie(logits, mine, token, sampling):
-                    client.blame_hop(sid, 0)
-                    raise RingMismatchError(
-                        f"node {client.hops[0].url} sent token {token} at position "
-                        f"{spec.prompt + chosen}; its own hidden state gives {mine}"
-                    )
+        async with contextlib.aclosing(tokens):
+            async for token, logits in tokens:
                 if on_logits is not None:
                     on_logits(logits)
                 chosen += 1
@@ -125,9 +196,6 @@ async def generate_ring(
                     return
                 timings.new_tokens += 1
                 yield token
-                if chosen == spec.max_new:
-                    return
-            await pay_ahead(chosen)
     finally:
         timings.wire_bytes_sent += client.bytes_sent - sent0
         timings.wire_bytes_received += client.bytes_received - received0

@@ -31,6 +31,8 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         # the open fields it takes beyond the first open (protocol/open_features.py): a
         # client sends `next.alternates` only to a previous hop that lists it
         "open_features": [*ADVERTISED, *((RING,) if _ring(state) else ())],
+        # sessions whose decode loop this node ran (docs/overlay.md, *The ring*)
+        "ring_sessions": 0 if state.ring_heads is None else state.ring_heads.sessions,
         # the numerics its shard computes with (protocol/numerics.py): verifiers compare
         # its outputs bitwise only when theirs is the same
         "numerics": NUMERICS,

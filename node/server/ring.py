@@ -51,6 +51,7 @@ class RingHeads:
         self.manifest = manifest
         self.executor = executor
         self._head: asyncio.Future[Any] | None = None
+        self.sessions = 0  # ring sessions opened on this node since start
 
     @property
     def available(self) -> bool:

@@ -277,6 +277,7 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     route = Route(session=session, reply=link.ws, reply_sid=control.sid, back=control.back)
     if head is not None:
         route.ring = _ring_loop(state, link, route, control, head)
+        state.ring_heads.sessions += 1
     link.opened[control.sid] = route
     if control.feed is None:
         link.inbound[control.sid] = route  # the client feeds this hop itself

@@ -178,6 +178,23 @@ def test_a_relay_killed_mid_ring_changes_nothing(circuit, direct, relays, tmp_pa
     assert sum(link.failed_paths for link in links) >= 1
 
 
+def test_planet_ask_ring_over_relays_answers_and_connects_to_no_node(
+    circuit, direct, relays, tmp_path
+) -> None:
+    """`planet ask --relays FILE --ring` in its own process: the first node ran the loop (its
+    /info counts the session), the answer is the direct one, no node's port was connected."""
+    manifest, hops = circuit
+    node_ports = {int(hop.url.rsplit(":", 1)[1]) for hop in hops}
+    before = asyncio.run(_get_json(f"{hops[0].url}/info"))["ring_sessions"]
+    listed = write_relays_file(tmp_path / "relays.txt", relays)
+    overlaid, seen = _ask_process(
+        manifest, hops, tmp_path, "ring", "--relays", str(listed), "--overlay", "4,3,2", "--ring"
+    )
+    assert overlaid["tokens"] == direct
+    assert seen and not seen & node_ports, sorted(seen & node_ports)
+    assert asyncio.run(_get_json(f"{hops[0].url}/info"))["ring_sessions"] == before + 1
+
+
 class DroppingRelay(Relay):
     """A relay that sets paths up like any other, then drops every clove sent forward."""
 

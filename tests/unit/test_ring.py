@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import torch
 
@@ -163,3 +164,47 @@ def test_ring_not_ready_for_nodes_of_before():
     assert not client.ring_ready()
     client.open_features = {h.url: OpenFeatures(ring=True, ring_back=True) for h in client.hops}
     assert client.ring_ready()
+
+
+async def test_ring_with_failover_hop_gone_mid_ring_replica_continues_same_greedy_tokens(
+    aiohttp_server, tiny
+):
+    """`generate(ring=True)`: the leased circuit's first node runs the loop; its last hop is
+    closed mid-answer, the failover replays the history into a replacement's ring at the same
+    positions, and the greedy tokens are the model's."""
+    from node.client.failover import FailoverPolicy, generate
+    from node.client.replicas import ReplicaCircuits
+    from node.model.manifest import Manifest
+    from node.server.app import STATE_KEY
+
+    model, manifests = tiny
+    manifest = manifests[2]
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers = await start_nodes(aiohttp_server, manifest, shards)
+    hops = hops_of(servers, shards)
+    loaded = Manifest.load(manifest)
+    expected = {s.shard_id: (loaded.model_hash, s.layers) for s in loaded.shards}
+    timings = Timings()
+    tokens: list[int] = []
+    async with aiohttp.ClientSession() as http:
+        source = ReplicaCircuits(http, hops, expected=expected, hidden_size=H, prefill_chunk=5)
+        async for token in generate(
+            source,
+            head,
+            ids,
+            max_new_tokens=STEPS,
+            stop_on_eos=False,
+            timings=timings,
+            policy=FailoverPolicy(backoff_s=0.01),
+            ring=True,
+        ):
+            tokens.append(token)
+            if len(tokens) == 5:
+                await servers[hops.index(source.current[1])].close()
+    assert tokens == _expected(model, ids)
+    (failover,) = timings.failovers
+    assert failover.hops == (1,) and failover.replayed == len(ids) + 5
+    assert servers[0].app[STATE_KEY].ring_heads.sessions == 2  # the first ring and the replay's
+    assert timings.new_tokens == STEPS

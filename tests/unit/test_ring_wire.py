@@ -236,3 +236,29 @@ async def test_ring_loop_refuses_a_bad_output_by_name_and_stops(output, code):
     await _settle()
     assert submitted == []
     loop.stop()
+
+
+def test_gateway_ring_with_speculate_is_a_usage_error(tmp_path) -> None:
+    from node.gateway.config import GatewayConfig
+    from protocol.errors import UsageError
+
+    config = GatewayConfig(
+        evm_rpc="http://x",
+        deployment=tmp_path / "d.json",
+        committee_rpc="http://x",
+        manifest=tmp_path / "m.json",
+        wallet=tmp_path / "w.json",
+        speculate=4,
+        ring=True,
+    )
+    with pytest.raises(UsageError, match="--ring and --speculate"):
+        config.validate()
+
+
+@pytest.mark.parametrize("extra", [["--speculate", "4"], ["--pay"], ["--voucher"]])
+def test_planet_ask_ring_with_speculate_or_a_gateway_exits_2(capsys, extra) -> None:
+    from planet.main import main
+
+    assert main(["ask", "hi", "--ring", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "error: --ring is for the nodes you ask directly" in err and "hint:" in err
