@@ -262,3 +262,28 @@ def test_planet_ask_ring_with_speculate_or_a_gateway_exits_2(capsys, extra) -> N
     assert main(["ask", "hi", "--ring", *extra]) == 2
     err = capsys.readouterr().err
     assert "error: --ring is for the nodes you ask directly" in err and "hint:" in err
+
+
+async def test_ring_loop_batches_the_tokens_ready_while_a_send_is_on_its_way():
+    """The client's link is slow (its first ring tokens message takes a while to leave): the
+    tokens chosen meanwhile leave together, in one message (one per path over the overlay)."""
+    loop, submitted, sent, refused = _loop(RingSpec(prompt=5, max_new=4))
+    gate = asyncio.Event()
+    inner = loop.to_client
+
+    async def slow(data: bytes) -> None:
+        if is_ring_tokens(data) and not gate.is_set():
+            await gate.wait()
+        await inner(data)
+
+    loop.to_client = slow
+    await loop.deliver(_output(4, 1.0))
+    await _settle()
+    for position, value in ((5, 2.0), (6, 3.0), (7, 0.0)):
+        await loop.deliver(_output(position, value))
+        await _settle()
+    gate.set()
+    await _settle()
+    batches = [parse_ring_tokens(m, H) for m in sent if is_ring_tokens(m)]
+    assert [(b.start, b.tokens) for b in batches] == [(4, (1,)), (5, (2, 3, 0))]
+    assert refused == [] and len(submitted) == 3 and loop.done
