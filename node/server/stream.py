@@ -340,6 +340,8 @@ async def _attach_down(state: NodeState, route: Route, hop: NextHop) -> None:
                 route.down_sent.set()
             await down.wait_attached(sid, answer)
         except LinkLostError as error:
+            if route.down is not None:  # a ring's taker of what comes back: on the new link
+                route.down.back.pop(route.down_sid, None)
             if attempt == 2:
                 raise
             state.links.stats.reattached += 1
