@@ -19,7 +19,6 @@ paced by them). The head is loaded once per node, hash-checked against the manif
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -199,13 +198,3 @@ class RingLoop:
                 await self.to_client(pack_ring_tokens(self.reply_sid, start, dtype, codec, items))
             if self.done:
                 return
-
-
-async def close_loop(loop: RingLoop | None) -> None:
-    """Stop a loop and wait for its tasks (tests, shutdown)."""
-    if loop is None:
-        return
-    loop.stop()
-    for task in loop._tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
