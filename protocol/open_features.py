@@ -8,6 +8,10 @@ that advertise it parse, because a node of before refuses an open with a field i
 
     next_alternates   `next.alternates`: the next hop's addresses at its other rendezvous relays
                       (a node behind NAT, docs/overlay.md), dialled when `next.url` is not reached
+    ring_back         `back`: a later hop sends its outputs (or its next hop's) back up the link
+                      that fed it (the ring's return path, docs/overlay.md *The ring*)
+    ring              `ring`: the first hop runs the session's decode loop (it holds the
+                      model's client head; advertised only then)
 
 Reading it (`parse_open_features`): an absent field is a node of before (`OLD_NODE`: nothing
 beyond the first open); a well-formed list may name features this client does not know (a newer
@@ -24,8 +28,11 @@ from typing import Any, Final
 from protocol.errors import ProtocolError
 
 NEXT_ALTERNATES: Final = "next_alternates"
-# what this code's nodes advertise (node/server/info_body.py), in this order
-ADVERTISED: Final = (NEXT_ALTERNATES,)
+RING_BACK: Final = "ring_back"
+RING: Final = "ring"
+# what this code's nodes advertise (node/server/info_body.py), in this order; RING after them
+# where the node holds the client head
+ADVERTISED: Final = (NEXT_ALTERNATES, RING_BACK)
 MAX_FEATURES: Final = 32
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
@@ -42,6 +49,8 @@ class OpenFeatures:
     """The open fields a node takes beyond the first open (module docstring)."""
 
     next_alternates: bool = False
+    ring_back: bool = False
+    ring: bool = False
 
 
 OLD_NODE: Final = OpenFeatures()  # no advertisement: only the first open's fields
@@ -63,7 +72,9 @@ def parse_open_features(value: Any) -> OpenFeatures:
         if item in names:
             raise BadOpenFeaturesError(f"open_features[{index}] repeats {item}")
         names.add(item)
-    return OpenFeatures(next_alternates=NEXT_ALTERNATES in names)
+    return OpenFeatures(
+        next_alternates=NEXT_ALTERNATES in names, ring_back=RING_BACK in names, ring=RING in names
+    )
 
 
 def open_features_of(info: Any) -> OpenFeatures:

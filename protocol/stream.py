@@ -13,7 +13,7 @@ the body's size is checked against count × hidden size before anything is decod
     client → node   {"op": "open", "sid", "session": capability, "shard",
                      "feed": token | null, "next": {"url", "shard", "feed": token
                      [, "key": node key[, "alternates": [url, ...]]]} | null
-                     [, "prefix": salt][, "route": keys]}
+                     [, "prefix": salt][, "route": keys][, "ring": spec][, "back": true]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)[, "assignment": 128 hex chars (its holder's assignment of it to this
@@ -55,6 +55,13 @@ cache then shares that session's prompt blocks only with sessions opened with th
 (node/server/prefix_cache.py, docs/privacy.md); without it, with every session of the node. It
 may carry `route`, its prompt's prefix-route keys for this node (≤ 64 × 16 hex,
 protocol/prefix_routes.py): the node advertises the keys of the blocks it then holds.
+An open may carry `ring` (only the first hop's: `feed` null), the ring spec of
+protocol/ring.py: that node then runs the session's decode loop itself (docs/overlay.md, *The
+ring*), or, `back: true` (only a later hop's), ask that hop to send what it outputs (the last
+hop) or what its next hop sends back (a middle hop) back up the link that fed it, under the
+sid that link attached with, instead of on the client's link. A node of before refuses both
+(`bad_control`): clients send them only to nodes whose /info lists `ring` / `ring_back`
+(protocol/open_features.py).
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -81,6 +88,7 @@ from protocol.paid_credits import (
     with_assignment,
 )
 from protocol.prefix_routes import BadRouteKeysError, check_route_keys
+from protocol.ring import RingSpec, parse_ring_spec
 from protocol.urls import BadUrlError, canonical_url
 
 MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: 176 hex chars
@@ -217,6 +225,8 @@ class Control:
     credit: PaidCredit | None = None
     prefix: str | None = None  # open: the client's prefix-cache salt (isolation), if it asks
     route: tuple[str, ...] = ()  # open: its prompt's prefix-route keys for this node
+    ring: RingSpec | None = None  # open (first hop): run the session's decode loop here
+    back: bool = False  # open (later hop): outputs go back up the link that fed this hop
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
@@ -236,7 +246,7 @@ _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed", "key"}),
     frozenset({"url", "shard", "feed", "key", "alternates"}),
 )
-_OPEN_OPTIONAL: Final = frozenset({"prefix", "route"})
+_OPEN_OPTIONAL: Final = frozenset({"prefix", "route", "ring", "back"})
 _OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "open": _OPEN_OPTIONAL,
     "pay": frozenset(
@@ -351,6 +361,14 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             unpinned = [a for a in next_hop.addresses if is_encrypted(a)]
             if next_hop.key is None and unpinned:
                 raise MissingNodeKeyError(unpinned[0])
+        ring = None if raw.get("ring") is None else parse_ring_spec(raw["ring"])
+        back = raw.get("back", False)
+        if back is not True and back is not False:
+            raise BadControlError("back must be true (or absent)")
+        if ring is not None and feed is not None:
+            raise BadControlError("only the first hop (feed null) runs a ring")
+        if back and feed is None:
+            raise BadControlError("back needs a hop that is fed by another (feed set)")
         return Control(
             op=op,
             sid=sid,
@@ -360,6 +378,8 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             next=next_hop,
             prefix=None if raw.get("prefix") is None else _token(raw["prefix"], "prefix"),
             route=_route(raw.get("route")),
+            ring=ring,
+            back=back,
         )
     if op == "attach":
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
@@ -394,6 +414,8 @@ def open_message(
     next_hop: NextHop | None,
     prefix: str | None = None,
     route: Sequence[str] = (),
+    ring: RingSpec | None = None,
+    back: bool = False,
 ) -> dict[str, Any]:
     nxt: dict[str, Any] | None = None
     if next_hop is not None:
@@ -414,6 +436,10 @@ def open_message(
         message["prefix"] = prefix
     if route:
         message["route"] = list(route)
+    if ring is not None:
+        message["ring"] = ring.to_json()
+    if back:
+        message["back"] = True
     return message
 
 

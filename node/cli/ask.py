@@ -103,6 +103,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tokens are plain decoding's, sampled ones follow the same distribution (docs/compute.md)",
     )
     parser.add_argument(
+        "--ring",
+        action="store_true",
+        help="let the circuit's first node run the decode loop (its copy of the model's public "
+        "head chooses each token; this client checks every one and pays as they come): no "
+        "round trip to you per token, which over --relays is most of a token's time; the first "
+        "node learns the generated token ids it already sees as embeddings (docs/overlay.md). "
+        "Used where every node of the circuit offers it",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object (text, tokens, timings, circuit, speculation)",
@@ -221,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "--credits pays the nodes you ask directly; --pay and --voucher pay a gateway",
             hint="pick one way to pay",
+        )
+    if args.ring and (args.speculate or args.pay or args.voucher):
+        raise UsageError(
+            "--ring is for the nodes you ask directly, one token a pass",
+            hint="drop --speculate, --pay or --voucher, or drop --ring",
         )
     if args.speculate and (args.pay or args.voucher):
         raise UsageError(
@@ -365,6 +379,7 @@ async def _ask(
             policy=FailoverPolicy(),
             speculation=speculation,
             stats=stats,
+            ring=args.ring,
         ):
             tokens.append(token)
             if not args.json:

@@ -137,6 +137,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rejected guesses cost the nodes unpaid positions (default 0: off)",
     )
     serve.add_argument(
+        "--ring",
+        action="store_true",
+        help="let the circuit's first node run the decode loop (its copy of the model's public "
+        "head chooses each token, the client checks every one and pays as they come): no round "
+        "trip to the client per token, which over --relays is most of a token's time; the first "
+        "node learns the generated token ids it already sees as embeddings (docs/overlay.md, "
+        "docs/privacy.md). Used on circuits whose nodes all offer it; not with --speculate",
+    )
+    serve.add_argument(
         "--wire-dtype",
         choices=WIRE_DTYPES,
         default=WIRE_DTYPE,
@@ -339,6 +348,7 @@ def _serve(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
+        ring=args.ring,
         wire_dtype=args.wire_dtype,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
@@ -412,6 +422,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
+        ring=args.ring,
         wire_dtype=args.wire_dtype,
         private_endpoints=private,
         min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()

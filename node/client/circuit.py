@@ -69,6 +69,7 @@ from protocol.frames.sessions import check_session_id
 from protocol.links import is_encrypted
 from protocol.open_features import OLD_NODE, OpenFeatures
 from protocol.prefix_routes import route_keys
+from protocol.ring import RingSpec, RingTokens, is_ring_tokens, parse_ring_tokens
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
     MAX_NEXT_ALTERNATES,
@@ -212,16 +213,27 @@ class _Link:
 
     def _data(self, data: bytes) -> None:
         client = self.client
+        item: tuple[FrameHeader, bytes] | RingTokens
         try:
-            if self.index != len(client.hops) - 1:
-                raise FrameError("only the last hop sends outputs to the client")
-            header, body = parse_frame(data, client.hidden_size, MAX_ANSWER_TOKENS)
+            if is_ring_tokens(data):  # a ring session's tokens, from its first hop
+                item = parse_ring_tokens(data, client.hidden_size)
+                sid = item.sid
+                if self.index != 0 or sid not in client.ring_sids:
+                    raise FrameError("only a ring session's first hop sends it tokens")
+            else:
+                header, body = parse_frame(data, client.hidden_size, MAX_ANSWER_TOKENS)
+                sid = header.sid
+                # a ring session's outputs come from its first hop (the ring passes them on)
+                answers = 0 if sid in client.ring_sids else len(client.hops) - 1
+                if self.index != answers:
+                    raise FrameError("only the last hop sends outputs to the client")
+                item = (header, bytes(body))
         except FrameError as error:
             log.warning("node %s sent a bad frame: %s", self.hop.url, error.message)
             return
-        queue = client.outputs.get(header.sid)
+        queue = client.outputs.get(sid)
         if queue is not None:
-            queue.put_nowait((header, bytes(body)))
+            queue.put_nowait(item)
 
     async def request(self, body: dict[str, Any], sid: int, timeout_s: float) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -367,6 +379,7 @@ class CircuitClient:
         self.outputs: dict[int, asyncio.Queue[Any]] = {}
         self._sids = itertools.count(1)  # without a payer (with one: `payer.new_sid`)
         self.paid_sids: set[int] = set()  # sessions with credits the payer still tracks
+        self.ring_sids: set[int] = set()  # sessions whose loop their first hop runs (ring.py)
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
         # sid -> index of the hop whose refusal named the blamed hop (absent: the client saw
@@ -484,6 +497,7 @@ class CircuitClient:
         *,
         wait: bool = True,
         prompt: Sequence[int] | None = None,
+        ring: RingSpec | None = None,
     ) -> int:
         """Open the session on every hop at once (one round trip, not one per hop: a hop whose
         upstream attaches before the client's open arrived waits for it); returns the sid that
@@ -495,7 +509,9 @@ class CircuitClient:
         3-hop circuit). A refusal then comes out of `receive` by name, its hop blamed.
 
         `prompt`: the ids the session will prefill; each hop whose route salt is known
-        (`route_salts`) gets their prefix-route keys (not with `prefix_isolation`)."""
+        (`route_salts`) gets their prefix-route keys (not with `prefix_isolation`).
+        `ring`: the first hop runs the session's decode loop (node/client/ring.py); every
+        later hop is opened `back` (its outputs go back up the circuit)."""
         if not self.links:
             raise RuntimeError("CircuitClient used outside `async with`")
         sid = self.new_sid() if sid is None else sid
@@ -518,7 +534,15 @@ class CircuitClient:
                 upstream = [h.url for h in self.hops[:index]]
                 routes = route_keys(self.route_salts[hop.url], upstream, prompt)
             body = open_message(
-                sid, caps[index], hop.shard, feeds[index] if index else None, nxt, salt, routes
+                sid,
+                caps[index],
+                hop.shard,
+                feeds[index] if index else None,
+                nxt,
+                salt,
+                routes,
+                ring=ring if index == 0 else None,
+                back=ring is not None and index > 0,
             )
             bodies.append((index, body))
         if not wait:
@@ -556,6 +580,7 @@ class CircuitClient:
         """Close the session on every hop (best effort; a closed link closed it already)."""
         self.outputs.pop(sid, None)
         self._sent.pop(sid, None)
+        self.ring_sids.discard(sid)
         if self.payer is not None:
             self.payer.forget(sid, {i for i, link in enumerate(self.links) if sid in link.opened})
             if not self.payer.pending(sid):
@@ -590,6 +615,22 @@ class CircuitClient:
             raise UnavailableError(f"node {self.hops[0].url} stream failed: {error}") from None
         self.bytes_sent += ws_frame_bytes(len(message), masked=True)
 
+    def ring_ready(self) -> bool:
+        """Every hop takes the ring's open fields (its /info `open_features`): the first runs
+        the loop (`ring`), the later ones send outputs back (`ring_back`)."""
+        features = [self.open_features.get(hop.url, OLD_NODE) for hop in self.hops]
+        return features[0].ring and all(f.ring_back for f in features[1:])
+
+    async def pay_upto(self, sid: int, targets: Sequence[int]) -> None:
+        """Pay every charging hop i so that `targets[i]` positions of `sid` are paid there (the
+        ring pays ahead of the loop: node/client/ring.py)."""
+        if self.payer is None:
+            return
+        urls = [hop.url for hop in self.hops]
+        owed = self.payer.due_each(sid, urls, list(targets))
+        if any(owed):
+            await self._send_credits(sid, urls, owed)
+
     async def _pay(self, sid: int, count: int) -> None:
         """Pay every charging hop for the positions sent so far and `count` more, each on the
         client's own link to it (ahead of the frame: the first hop reads the `pay` first)."""
@@ -598,19 +639,23 @@ class CircuitClient:
         urls = [hop.url for hop in self.hops]
         owed = self.payer.due(sid, urls, sent)
         if any(owed):
-            for index, credits in enumerate(self.payer.take(owed)):
-                for credit in credits:
-                    try:
-                        given = self.payer.to_hop(urls[index], credit)
-                        await self.links[index].ws.send_json(pay_message(sid, given))
-                    except (ConnectionError, RuntimeError) as error:
-                        self.blame_hop(sid, index)
-                        raise UnavailableError(
-                            f"node {self.hops[index].url} stream failed: {error}"
-                        ) from None
-                    self.payer.paid(sid, index, urls[index], credit)
-                    self.paid_sids.add(sid)
+            await self._send_credits(sid, urls, owed)
         self._sent[sid] = sent
+
+    async def _send_credits(self, sid: int, urls: list[str], owed: list[int]) -> None:
+        assert self.payer is not None
+        for index, credits in enumerate(self.payer.take(owed)):
+            for credit in credits:
+                try:
+                    given = self.payer.to_hop(urls[index], credit)
+                    await self.links[index].ws.send_json(pay_message(sid, given))
+                except (ConnectionError, RuntimeError) as error:
+                    self.blame_hop(sid, index)
+                    raise UnavailableError(
+                        f"node {self.hops[index].url} stream failed: {error}"
+                    ) from None
+                self.payer.paid(sid, index, urls[index], credit)
+                self.paid_sids.add(sid)
 
     async def receive(
         self, sid: int, start: int, count: int, timeout_s: float | None = None
@@ -626,10 +671,13 @@ class CircuitClient:
             raise UnavailableError(f"no answer from the circuit within {wait_s:g} s") from None
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, RingTokens):
+            self.blame_hop(sid, 0)
+            raise BadStreamAnswerError(f"node {self.hops[0].url} sent tokens before the prompt")
         header, body = item
         got = (header.start, header.count, header.dtype, header.codec)
         if got != (start, count, self.dtype, self.codec):
-            self.blame_hop(sid, len(self.hops) - 1)
+            self.blame_hop(sid, 0 if sid in self.ring_sids else len(self.hops) - 1)
             raise BadStreamAnswerError(
                 f"node {self.hops[-1].url} answered rows {header.start}+{header.count} "
                 f"({header.dtype}/{header.codec}), expected {start}+{count}"
@@ -639,6 +687,29 @@ class CircuitClient:
         except FrameError as error:
             self.blame_hop(sid, len(self.hops) - 1)
             raise BadStreamAnswerError(f"node {self.hops[-1].url}: {error.message}") from None
+
+    async def receive_ring(
+        self, sid: int, start: int, timeout_s: float | None = None
+    ) -> RingTokens:
+        """The next ring tokens message of `sid`, whose first row must be at `start`."""
+        wait_s = self.request_timeout_s if timeout_s is None else timeout_s
+        try:
+            async with asyncio.timeout(wait_s):
+                item = await self.outputs[sid].get()
+        except TimeoutError:
+            raise UnavailableError(f"no tokens from the ring within {wait_s:g} s") from None
+        if isinstance(item, BaseException):
+            raise item
+        if not isinstance(item, RingTokens) or item.start != start:
+            self.blame_hop(sid, 0)
+            got = "a frame" if not isinstance(item, RingTokens) else f"tokens from {item.start}"
+            raise BadStreamAnswerError(
+                f"node {self.hops[0].url} sent {got}, expected ring tokens from {start}"
+            )
+        if (item.dtype, item.codec) != (self.dtype, self.codec):
+            self.blame_hop(sid, 0)
+            raise BadStreamAnswerError(f"node {self.hops[0].url}: ring rows in another encoding")
+        return item
 
     def blame_hop(self, sid: int, index: int, *, named_by: int | None = None) -> None:
         """Remember that hop `index` failed session `sid` (the first fault counts); `named_by`:
@@ -680,12 +751,14 @@ class CircuitClient:
         on_chunk: Callable[[int, np.ndarray], None] | None = None,
         split_at: int | None = None,
         timeout_s: float | None = None,
+        on_sent: Callable[[], Awaitable[None]] | None = None,
     ) -> np.ndarray:
         """Send [1, T, H] in chunks back to back (pipelined); the last row's output [1, 1, H].
         `last_only=False` asks the last hop for every position of each chunk; `on_chunk(start,
         hidden)` then sees each chunk's output ([1, rows, H]) as it arrives. `split_at` starts
         a new chunk there (a replay keeps the prompt's own chunks, so its KV is computed exactly
-        as the first time); `timeout_s` bounds each chunk's wait (see `receive`)."""
+        as the first time); `timeout_s` bounds each chunk's wait (see `receive`). `on_sent()`
+        runs once, right after the last chunk went (a ring pays ahead of its loop there)."""
         total = int(ids_hidden.shape[1])
         split = total if split_at is None else max(0, min(split_at, total))
         bounds = [*range(0, split, self.prefill_chunk), *range(split, total, self.prefill_chunk)]
@@ -698,6 +771,8 @@ class CircuitClient:
                 begin, end = bounds[sent], ends[sent]
                 await self.send(sid, start + begin, ids_hidden[:, begin:end], last_only)
                 sent += 1
+                if sent == len(bounds) and on_sent is not None:
+                    await on_sent()
 
         # at most `prefill_window` chunks outstanding: enough to keep every hop busy, and a
         # long prompt never has more frames queued at a node than its per-session limit

@@ -79,6 +79,7 @@ import numpy as np
 
 from node.client.capabilities import new_session_id
 from node.client.paying import FINAL_PAYMENT_ERRORS
+from node.client.ring import ring_tokens
 from node.client.sampling import SamplingConfig, sample
 from node.client.speculation import Drafter, SpeculationConfig, SpeculationStats, verify
 from node.client.types import Failover, Head, Hop, Timings
@@ -90,6 +91,13 @@ log = logging.getLogger(__name__)
 # what a failed hop (not the caller) can make a session raise
 FAILURES = (UnavailableError, BusyError, RemoteError, ProtocolError)
 MIN_OBSERVED_PASSES = 3  # a circuit's passes tell the cost book something from this many on
+
+
+class BadRingEndError(ProtocolError):
+    """A ring session's tokens stopped before a stop id or the token limit (its first hop
+    closed it without a refusal)."""
+
+    code = "bad_answer"
 
 
 class Outpriced(Exception):
@@ -289,6 +297,7 @@ async def generate(
     policy: FailoverPolicy | None = None,
     speculation: SpeculationConfig | None = None,
     stats: SpeculationStats | None = None,
+    ring: bool = False,
 ) -> AsyncIterator[int]:
     """Yield new token ids as they are chosen (see CircuitClient.generate for the arguments),
     replacing failed hops as the module docstring says. `timings.failovers` records each
@@ -296,7 +305,12 @@ async def generate(
     `on_prefill` may see a chunk again when the prompt's own prefill was interrupted.
     `speculation`: several tokens per pass (node/client/speculation.py): each decode frame
     carries the last chosen token and the guesses, with the rewind flag; `stats` counts the
-    passes. The history holds only chosen tokens, so a replay never replays a guess."""
+    passes. The history holds only chosen tokens, so a replay never replays a guess.
+    `ring`: where every hop of the circuit takes it (`CircuitClient.ring_ready`), the first hop
+    runs the decode loop (node/client/ring.py); a circuit that fails is replaced as always, the
+    history replayed into the replacement's ring (greedy; a sampled answer goes on in the
+    client's own loop, whose Generator the ring's draws have kept in step). Not with
+    `speculation`."""
     policy = policy or FailoverPolicy()
     sampling = (sampling or SamplingConfig()).validate()
     if speculation is not None:
@@ -330,6 +344,53 @@ async def generate(
                     checked = False  # its first passes observed and its hops on trial judged
                     try:
                         opened_s = time.perf_counter()
+                        if (
+                            ring
+                            and drafter is None
+                            and client.ring_ready()
+                            and (sampling.greedy or chosen == 0)
+                        ):
+                            history = prompt + fed
+                            first = chosen == 0
+                            served = len(history)
+                            tokens = ring_tokens(
+                                client,
+                                sid,
+                                head,
+                                history,
+                                max_new=max_new_tokens - chosen,
+                                stop=head.eos_token_ids if stop_on_eos else frozenset(),
+                                sampling=sampling,
+                                rng=rng,
+                                split_at=len(prompt),
+                                prefill_last_only=prefill_last_only if first else True,
+                                on_prefill=on_prefill if first else None,
+                                timeout_s=policy.stall_s,
+                            )
+                            async with contextlib.aclosing(tokens):
+                                async for token, logits in tokens:
+                                    if recovering is not None:
+                                        recovering.replayed = len(history)
+                                        recovering.replay_ms = (
+                                            time.perf_counter() - opened_s
+                                        ) * 1000
+                                        timings.failovers.append(recovering.done())
+                                        recovering = None
+                                    if on_logits is not None:
+                                        on_logits(logits)
+                                    chosen += 1
+                                    timings.chose(chosen)
+                                    if chosen > 1:
+                                        timings.decode_steps += 1
+                                    if stop_on_eos and token in head.eos_token_ids:
+                                        return
+                                    timings.new_tokens += 1
+                                    yield token
+                                    if chosen == max_new_tokens:
+                                        return
+                                    fed.append(token)
+                                    served = len(prompt) + len(fed)
+                            raise BadRingEndError("the ring ended before its last token")
                         await client.open(new_session_id(), sid, wait=False, prompt=prompt)
                         history = prompt + fed
                         first = chosen == 0

@@ -201,13 +201,18 @@ class CreditPayer:
 
     def due(self, sid: int, urls: list[str], used: int) -> list[int]:
         """Per hop, how many credits to send so that `used` positions of `sid` are paid."""
+        return self.due_each(sid, urls, [used] * len(urls))
+
+    def due_each(self, sid: int, urls: list[str], targets: list[int]) -> list[int]:
+        """Per hop, how many credits to send so that `targets[i]` positions of `sid` are paid
+        at hop i (the ring pays each hop a chunk of its own price ahead: node/client/ring.py)."""
         owed = []
-        for index, url in enumerate(urls):
+        for index, (url, target) in enumerate(zip(urls, targets, strict=True)):
             price = self.price(url)
             if 0 < price < self.min_positions:
                 raise PriceTooHighError(url, price, self.min_positions)
             paid = self._paid.get((sid, index), 0)
-            owed.append(0 if price == 0 or paid >= used else -(-(used - paid) // price))
+            owed.append(0 if price == 0 or paid >= target else -(-(target - paid) // price))
         return owed
 
     def take(self, owed: list[int]) -> list[list[PaidCredit]]:

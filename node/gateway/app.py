@@ -389,6 +389,7 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         attempts=gateway.config.attempts,
         stall_s=gateway.config.stall_s,
         speculate=gateway.config.speculate,
+        ring=gateway.config.ring,
         echo=isinstance(req, CompletionRequest) and req.echo,
         full_prefill=gateway.config.full_prefill,
         credits=hold,

@@ -37,6 +37,9 @@ class GatewayConfig:
     # guesses per decode pass (prompt lookup, node/client/speculation.py); 0: one token a pass.
     # Rejected guesses are positions the nodes compute that no user pays for (docs/gateway.md)
     speculate: int = 0
+    # the circuit's first node runs the decode loop (docs/overlay.md, *The ring*) where every
+    # node of a circuit takes it; the gateway checks each token it is sent (`--ring`)
+    ring: bool = False
     max_sessions_per_node: int = 16  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
@@ -99,6 +102,11 @@ class GatewayConfig:
             raise UsageError("--node-cooldown-s must be 0..3600 seconds")
         if not 0 <= self.speculate <= 16:
             raise UsageError("--speculate must be 0..16 guesses per pass")
+        if self.ring and self.speculate:
+            raise UsageError(
+                "--ring and --speculate are two ways past the round trips; pick one",
+                hint="over relays, --ring (the first node's loop) saves the most",
+            )
         if not 0 < self.report_every_s <= 3_600:
             raise UsageError("the reporter's pass interval must be 0 < seconds <= 3600")
         if not 0 < self.committee_block_s <= 600:

@@ -207,6 +207,7 @@ class Generation:
         stall_s: float = STALL_S,
         speculate: int = 0,
         credits: CreditHold | None = None,
+        ring: bool = False,
     ) -> None:
         self.router = router
         self.head = head
@@ -219,6 +220,7 @@ class Generation:
         self.policy = FailoverPolicy(attempts=max(attempts - 1, 0), stall_s=stall_s)
         self.echo = echo
         self.speculation = SpeculationConfig(lookahead=speculate) if speculate else None
+        self.ring = ring  # the first node's loop where the circuit takes it (failover.py)
         # every question's prompt frames ask the last node for all positions, so a question
         # with echo (a verifier's challenge, say) looks like any other to the nodes
         self.full_prefill = full_prefill
@@ -262,6 +264,7 @@ class Generation:
             on_logits=self._keep_logits if self.logprobs else None,
             policy=self.policy,
             speculation=self.speculation,
+            ring=self.ring,
         )
         try:
             async with contextlib.aclosing(tokens):

@@ -33,6 +33,7 @@ from node.server.info_body import info_body
 from node.server.overlay import install_overlay
 from node.server.payments import install_payments
 from node.server.prefix_cache import install_prefix_cache
+from node.server.ring import RingHeads
 from node.server.sessions import SessionStore, short_tag
 from node.server.shards import install_chunks
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
@@ -130,6 +131,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
         ),
     )
     install_prefix_cache(app[STATE_KEY], config)
+    app[STATE_KEY].ring_heads = RingHeads(config.manifest_path, executor)
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
     if config.commit_dir is not None:

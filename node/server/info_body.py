@@ -11,7 +11,7 @@ from node.server.config import ServerConfig
 from node.server.state import NodeState
 from protocol.frames.header import FRAME_VERSION
 from protocol.numerics import NUMERICS
-from protocol.open_features import ADVERTISED
+from protocol.open_features import ADVERTISED, RING
 
 
 def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
@@ -30,7 +30,9 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         "protocol_version": FRAME_VERSION,
         # the open fields it takes beyond the first open (protocol/open_features.py): a
         # client sends `next.alternates` only to a previous hop that lists it
-        "open_features": list(ADVERTISED),
+        "open_features": [*ADVERTISED, *((RING,) if _ring(state) else ())],
+        # sessions whose decode loop this node ran (docs/overlay.md, *The ring*)
+        "ring_sessions": 0 if state.ring_heads is None else state.ring_heads.sessions,
         # the numerics its shard computes with (protocol/numerics.py): verifiers compare
         # its outputs bitwise only when theirs is the same
         "numerics": NUMERICS,
@@ -84,3 +86,8 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         "uptime_s": round(uptime, 1),
         "instance": state.instance,
     }
+
+
+def _ring(state: NodeState) -> bool:
+    """Whether this node runs rings: it holds the model's client head (node/server/ring.py)."""
+    return state.ring_heads is not None and state.ring_heads.available

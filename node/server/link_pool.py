@@ -55,6 +55,7 @@ from node.dial import first_reachable
 from node.links import link_ssl, refusal
 from protocol.errors import PlanetError
 from protocol.frames.errors import FrameError
+from protocol.frames.header import frame_sid
 from protocol.links import NodeKeyMismatchError
 from protocol.stream import DownstreamError, parse_control, ws_frame_bytes
 
@@ -152,6 +153,9 @@ class DownLink:
         self.last_used = clock()
         self._next_sid = 1
         self._pending: dict[int, asyncio.Future[None]] = {}
+        # sid → what takes the frames the next hop sends back for it (a ring session's outputs,
+        # docs/overlay.md *The ring*); frames for any other sid are dropped
+        self.back: dict[int, Callable[[bytes], Awaitable[None]]] = {}
         self._reader = asyncio.create_task(self._read())
 
     @property
@@ -164,6 +168,12 @@ class DownLink:
     async def _read(self) -> None:
         try:
             async for message in self.ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    # only a session opened `back` sends frames up (in order: awaited here)
+                    taker = self.back.get(frame_sid(message.data) or 0)
+                    if taker is not None:
+                        await taker(message.data)
+                    continue
                 if message.type != aiohttp.WSMsgType.TEXT:
                     continue  # nothing but control comes back upstream
                 try:

@@ -67,6 +67,8 @@ class NodeState:
     served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
     payments: Any = None  # node.server.payments.Payments with --credit-positions (paid work)
     prefix: Any = None  # node.server.prefix_cache.PrefixCache with prefix_cache_bytes > 0
+    # the client head a ring session's loop runs (node/server/ring.py RingHeads); None: none
+    ring_heads: Any = None
 
 
 def after_forward(

@@ -21,6 +21,7 @@ from a next hop fails the dial, its Location is never contacted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ from node.server.next_hops import PublicResolver, build_policy
 from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.rendezvous import fronted_caller
+from node.server.ring import RingLoop
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from node.server.warm_targets import warm_targets
@@ -53,6 +55,7 @@ from protocol.frames.header import FrameHeader, frame_sid, pack_frame, parse_fra
 from protocol.frames.sessions import session_tag
 from protocol.links import check_link
 from protocol.paid_credits import spent_id
+from protocol.ring import RingUnavailableError
 from protocol.stream import (
     MAX_CONTROL_BYTES,
     MAX_SESSION_FRAMES,
@@ -110,6 +113,12 @@ class Route:
     unconfirmed: list[tuple[FrameHeader, bytes]] | None = field(default_factory=list)
     frames: int = 0  # frames of this session queued or computing here
     account: Account = field(default_factory=Account)  # credits paid, positions used (paid work)
+    # the ring (docs/overlay.md): the session's decode loop, on its first hop
+    ring: RingLoop | None = None
+    # a later hop opened with `back`: outputs (or its next hop's, come back) go up the link
+    # that fed it, under the sid it attached with (`up`, set by the attach)
+    back: bool = False
+    up: tuple[Any, int] | None = None
 
 
 @dataclass(eq=False)
@@ -156,6 +165,48 @@ def _close_route(state: NodeState, route: Route) -> None:
     state.store.close(route.session.tag)
     if route.feed_tag is not None:
         state.routes_by_feed.pop(route.feed_tag, None)
+    if route.ring is not None:
+        route.ring.stop()
+    if route.down is not None:
+        route.down.back.pop(route.down_sid, None)
+
+
+async def _relay_up(state: NodeState, route: Route, data: bytes) -> None:
+    """An output this `back` hop's next hop sent back up: on up the link that fed this hop,
+    under the sid it attached with (parsed here: from a peer; a bad one is dropped)."""
+    try:
+        parse_frame(data, state.backend.hidden_size, state.max_tokens_per_frame)
+    except FrameError as error:
+        log.info("ring: a bad output came back from the next hop: %s", error.message)
+        return
+    if route.up is None or route.session.cache is None:
+        return
+    ws, sid = route.up
+    relayed = bytearray(data)
+    relayed[2:6] = sid.to_bytes(4, "big")  # the frame header's sid (protocol/frames/header.py)
+    await _send(state, ws, bytes(relayed))
+
+
+def _ring_loop(
+    state: NodeState, link: _Link, route: Route, control: Control, head: Any
+) -> RingLoop:
+    """The first hop's loop for `route`: its frames run as the client's would on `link`."""
+    assert control.ring is not None
+
+    async def refuse(error: PlanetError) -> None:
+        await _refuse(state, link.ws, control.sid, error)
+
+    return RingLoop(
+        control.ring,
+        head,
+        hidden_size=state.backend.hidden_size,
+        max_tokens=state.max_tokens_per_frame,
+        executor=state.executor,
+        reply_sid=control.sid,
+        submit=lambda frame: _data(state, link, frame),
+        to_client=lambda data: _send(state, link.ws, data),
+        refuse=refuse,
+    )
 
 
 def _spawn(link: _Link, work: Any) -> None:
@@ -209,6 +260,11 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     tag = session_tag(control.session)
     if tag in state.store:
         raise BadControlError(f"session {short_tag(tag)} is already open")
+    head = None
+    if control.ring is not None:  # loaded (once per node) before anything is reserved
+        if state.ring_heads is None:
+            raise RingUnavailableError("this node runs no ring")
+        head = await state.ring_heads.head()
     if control.next is not None:
         await state.next_hops.check(control.next)  # before anything is reserved or dialled
         for url in control.next.addresses:  # every address pinned to the one key
@@ -218,7 +274,10 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
     if state.prefix is not None:
         session.prefix = state.prefix.chain(control.prefix, control.route)
-    route = Route(session=session, reply=link.ws, reply_sid=control.sid)
+    route = Route(session=session, reply=link.ws, reply_sid=control.sid, back=control.back)
+    if head is not None:
+        route.ring = _ring_loop(state, link, route, control, head)
+        state.ring_heads.sessions += 1
     link.opened[control.sid] = route
     if control.feed is None:
         link.inbound[control.sid] = route  # the client feeds this hop itself
@@ -272,11 +331,17 @@ async def _attach_down(state: NodeState, route: Route, hop: NextHop) -> None:
                 down = await state.links.reach(hop.addresses, hop.key)
                 sid, answer = await down.attach(hop.feed)
                 route.down, route.down_sid = down, sid
+                if route.ring is not None:  # the last hop's outputs come back on this link
+                    down.back[sid] = route.ring.deliver
+                elif route.back:
+                    down.back[sid] = functools.partial(_relay_up, state, route)
                 for header, body in route.unconfirmed or ():
                     await down.send_bytes(pack_frame(replace(header, sid=sid), body))
                 route.down_sent.set()
             await down.wait_attached(sid, answer)
         except LinkLostError as error:
+            if route.down is not None:  # a ring's taker of what comes back: on the new link
+                route.down.back.pop(route.down_sid, None)
             if attempt == 2:
                 raise
             state.links.stats.reattached += 1
@@ -344,6 +409,8 @@ async def _attach_settling(state: NodeState, link: _Link, control: Control) -> N
     if route.session.cache is None:
         raise BadFeedError("the session this feed token names is closed")
     link.inbound[control.sid] = route
+    if route.back:  # its outputs (or its next hop's) go back up this link
+        route.up = (link.ws, control.sid)
     await _send(state, link.ws, {"op": "attached", "sid": control.sid})
 
 
@@ -534,7 +601,15 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                     header.last_only,
                     header.rewind,
                 )
-                await _send(state, route.reply, pack_frame(out_header, encoded))
+                if route.ring is not None:  # a one-hop circuit's ring: its own output
+                    await route.ring.deliver(pack_frame(out_header, encoded))
+                elif route.back:  # up the link that fed it, not the client's
+                    if route.up is None:
+                        raise BadControlError("back: no hop attached to this session")
+                    ws, sid = route.up
+                    await _send(state, ws, pack_frame(replace(out_header, sid=sid), encoded))
+                else:
+                    await _send(state, route.reply, pack_frame(out_header, encoded))
             else:
                 if not route.down_sent.is_set():
                     try:

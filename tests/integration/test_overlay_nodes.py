@@ -10,6 +10,9 @@ as (4, 3) S-IDA cloves (docs/overlay.md).
   (its path stayed silent) and left out of later draws;
 - hostile cells (garbage, wrong sizes, forged layers, an onion not sealed to the relay, a
   next hop at a refused address) are refused by name and stop neither a relay nor a node;
+- the ring (docs/overlay.md, *The ring*): the first node runs the decode loop, its tokens come
+  back batched over the same relay paths, token for token the direct answer; a relay killed
+  mid-ring changes nothing either;
 - `planet ask --relays FILE` (its own process, every socket connect recorded) answers as the
   direct path does and never connects to a node's port, /info reads included, where a plain
   `planet ask` connects to both nodes (issue 43).
@@ -38,12 +41,14 @@ from harness.relays import relays as started_relays
 from node.client.circuit import CircuitClient
 from node.client.nodesfile import NodeRef, NodesFile
 from node.client.overlay import OverlayLink, OverlayRoute, choose_paths
+from node.client.ring import generate_ring
 from node.client.types import Hop as NodeHop
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
 from node.procs import run_captured
 from node.relay.relay import Relay, create_app
 from protocol import sida
+from protocol.open_features import open_features_of
 from protocol.overlay import SETUP_BYTES, Cell, CellKind, Hop, build_onion
 
 pytestmark = pytest.mark.integration
@@ -77,7 +82,11 @@ _HEADS: dict[Path, ClientHead] = {}
 
 
 async def _answer(
-    manifest: Path, hops: list[NodeHop], relays: list[RelayProcess] | None, kill=None
+    manifest: Path,
+    hops: list[NodeHop],
+    relays: list[RelayProcess] | None,
+    kill=None,
+    ring: bool = False,
 ) -> tuple[list[int], list[OverlayLink]]:
     m = Manifest.load(manifest)
     if manifest not in _HEADS:
@@ -96,7 +105,15 @@ async def _answer(
         overlay = through_relays if relays else None
         async with CircuitClient(hops, hidden_size=m.hidden_size, overlay=overlay) as client:
             tokens = []
-            async for token in client.generate(head, ids, max_new_tokens=NEW_TOKENS):
+            if ring:  # each node's /info read over its own overlay link (INFO_ASK)
+                for link in client.links:
+                    info = await asyncio.wait_for(link.ws.info(), 20)
+                    client.open_features[link.hop.url] = open_features_of(info)
+                assert client.ring_ready()
+                answer = generate_ring(client, head, ids, max_new_tokens=NEW_TOKENS)
+            else:
+                answer = client.generate(head, ids, max_new_tokens=NEW_TOKENS)
+            async for token in answer:
                 tokens.append(token)
                 if kill is not None and len(tokens) == 3:
                     kill()
@@ -129,6 +146,53 @@ def test_a_relay_killed_mid_answer_changes_nothing(circuit, direct, relays, tmp_
     assert answer == direct
     # the killed relay was on one path of each link (8 relays, 4 paths of 2: all are used)
     assert sum(link.failed_paths for link in links) >= 1
+
+
+def test_the_ring_over_the_overlay_answers_like_direct_links(circuit, direct, relays) -> None:
+    """The first node chooses the tokens (its client head, the client's sampler), the second
+    node's outputs come back to it over their link, and the tokens reach the client in ring
+    tokens messages over the relay paths: the direct answer, every token checked by the client
+    against its own head."""
+    manifest, hops = circuit
+    overlaid, links = asyncio.run(_answer(manifest, hops, relays, ring=True))
+    assert overlaid == direct
+    assert all(link.failed_paths == 0 for link in links)
+    # the outputs and tokens came back on the first hop's link, not on the last hop's (the
+    # client-driven loop reads them there)
+    assert links[1].bytes_received < links[0].bytes_received
+
+
+def test_a_relay_killed_mid_ring_changes_nothing(circuit, direct, relays, tmp_path) -> None:
+    manifest, hops = circuit
+    spare = RelayProcess(tmp_path / "spare")
+    try:
+        pool = [*relays[:7], spare]
+
+        def kill() -> None:
+            os.kill(spare.process.pid, signal.SIGKILL)
+
+        answer, links = asyncio.run(_answer(manifest, hops, pool, kill, ring=True))
+    finally:
+        spare.stop()
+    assert answer == direct
+    assert sum(link.failed_paths for link in links) >= 1
+
+
+def test_planet_ask_ring_over_relays_answers_and_connects_to_no_node(
+    circuit, direct, relays, tmp_path
+) -> None:
+    """`planet ask --relays FILE --ring` in its own process: the first node ran the loop (its
+    /info counts the session), the answer is the direct one, no node's port was connected."""
+    manifest, hops = circuit
+    node_ports = {int(hop.url.rsplit(":", 1)[1]) for hop in hops}
+    before = asyncio.run(_get_json(f"{hops[0].url}/info"))["ring_sessions"]
+    listed = write_relays_file(tmp_path / "relays.txt", relays)
+    overlaid, seen = _ask_process(
+        manifest, hops, tmp_path, "ring", "--relays", str(listed), "--overlay", "4,3,2", "--ring"
+    )
+    assert overlaid["tokens"] == direct
+    assert seen and not seen & node_ports, sorted(seen & node_ports)
+    assert asyncio.run(_get_json(f"{hops[0].url}/info"))["ring_sessions"] == before + 1
 
 
 class DroppingRelay(Relay):

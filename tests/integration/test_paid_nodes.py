@@ -506,6 +506,57 @@ def test_ask_over_relays_pays_nodes_and_relays_and_connects_to_no_node(net) -> N
     assert CreditWallet(credits_file).count() == before
 
 
+def test_the_ring_over_relays_answers_and_pays_the_nodes_as_the_client_loop_does(net) -> None:
+    """The ring (docs/overlay.md, *The ring*) with charging nodes: `planet ask --credits
+    --relays FILE --ring` and the personal client with `--relays --ring` give the direct
+    answers, the first node ran each loop (its /info `ring_sessions`), and the nodes are paid
+    exactly what the client-driven loop pays them (the same positions, a credit per chunk);
+    no node's port is connected."""
+    import openai
+
+    credits_file = net["root"] / "ring-credits.json"
+    _buy(net, 40, credits_file)
+    pay = ("--credits", "--credits-file", str(credits_file))
+    node_ports = {int(node.url.rsplit(":", 1)[1]) for node in net["nodes"]}
+    first = net["nodes"][0]
+
+    def ring_sessions() -> int:
+        info = json.loads(urllib.request.urlopen(f"{first.url}/info", timeout=10).read())
+        return int(info["ring_sessions"])
+
+    plain = _ask(net, *pay)
+    assert plain.returncode == 0, plain.stderr
+    direct = json.loads(plain.stdout)
+    model = json.loads(net["manifest"].read_text())["model_id"]
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def chat(client: PersonalClient) -> tuple[str, dict]:
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
+        whole = api.chat.completions.create(
+            model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        return whole.choices[0].message.content or "", whole.model_extra["planet_receipt"]
+
+    with _personal_client(net, credits_file) as client:
+        chatted, chat_receipt = chat(client)
+    before = ring_sessions()
+    log = net["root"] / "ask-connects-ring.txt"
+    with relays(4, net["root"] / "ring-relays") as started:
+        listed = write_relays_file(net["root"] / "ring-relays.txt", started)
+        overlay = ("--relays", str(listed), "--overlay", "4,3,1")
+        done = _ask(net, *pay, *overlay, "--ring", connects=log)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        with _personal_client(net, credits_file, extra=(*overlay, "--ring")) as client:
+            ringed, receipt = chat(client)
+    assert ring_sessions() == before + 2  # the ask's loop and the personal client's
+    assert answer["tokens"] == direct["tokens"] and answer["text"]
+    assert answer["credits_spent"] == direct["credits_spent"] > 0
+    assert ringed == chatted and chatted
+    assert receipt["credits_spent"] == chat_receipt["credits_spent"] > 0
+    assert not set(connected_ports(log)) & node_ports
+
+
 def _register_relay(
     committee: Committee, home: Path, relay: Any, i: int, *, wait: bool
 ) -> SigningKey:
