@@ -69,7 +69,8 @@ from protocol.frames.sessions import check_session_id
 from protocol.links import is_encrypted
 from protocol.open_features import OLD_NODE, OpenFeatures
 from protocol.prefix_routes import route_keys
-from protocol.ring import RingSpec, RingTokens, is_ring_tokens, parse_ring_tokens
+from protocol.ring import RingSpec
+from protocol.ring_tokens import RingTokens, is_ring_tokens, parse_ring_tokens
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
     MAX_NEXT_ALTERNATES,

@@ -30,7 +30,8 @@ from protocol.errors import PlanetError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import BadPositionsError, FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
-from protocol.ring import MAX_BATCH, RingSpec, RingUnavailableError, pack_ring_tokens
+from protocol.ring import RingSpec, RingUnavailableError
+from protocol.ring_tokens import MAX_BATCH, pack_ring_tokens
 from protocol.sampling import sample
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,8 @@ from protocol.errors import PlanetError
 from protocol.frames.codecs import encode_body
 from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
-from protocol.ring import (
-    MAX_BATCH,
-    RingSpec,
-    is_ring_tokens,
-    pack_ring_tokens,
-    parse_ring_spec,
-    parse_ring_tokens,
-)
+from protocol.ring import RingSpec, parse_ring_spec
+from protocol.ring_tokens import MAX_BATCH, is_ring_tokens, pack_ring_tokens, parse_ring_tokens
 from protocol.stream import open_message, parse_control
 
 pytestmark = pytest.mark.unit
@@ -287,3 +281,12 @@ async def test_ring_loop_batches_the_tokens_ready_while_a_send_is_on_its_way():
     batches = [parse_ring_tokens(m, H) for m in sent if is_ring_tokens(m)]
     assert [(b.start, b.tokens) for b in batches] == [(4, (1,)), (5, (2, 3, 0))]
     assert refused == [] and len(submitted) == 3 and loop.done
+
+
+def test_ring_prompt_bound_is_the_frame_position_bound() -> None:
+    """protocol/ring.py keeps its own copy of the bound (the frame header's module imports
+    numpy, which light entry points that parse an open must not)."""
+    from protocol.frames.header import MAX_POSITION
+    from protocol.ring import MAX_PROMPT
+
+    assert MAX_PROMPT == MAX_POSITION
