@@ -38,6 +38,7 @@ from node.cli.overlay_args import (
     chain_relays,
     overlay_route,
     read_file_relays,
+    ring_default,
 )
 from node.client.credit_sizes import MIN_POSITIONS as DEFAULT_MIN_POSITIONS
 from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
@@ -104,12 +105,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--ring",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="let the circuit's first node run the decode loop (its copy of the model's public "
         "head chooses each token; this client checks every one and pays as they come): no "
         "round trip to you per token, which over --relays is most of a token's time; the first "
         "node learns the generated token ids it already sees as embeddings (docs/overlay.md). "
-        "Used where every node of the circuit offers it",
+        "Used where every node of the circuit offers it. Default: on with --relays (unless "
+        "--speculate), off without; --no-ring keeps the loop here",
     )
     parser.add_argument(
         "--json",
@@ -379,7 +382,7 @@ async def _ask(
             policy=FailoverPolicy(),
             speculation=speculation,
             stats=stats,
-            ring=args.ring,
+            ring=ring_default(args.ring, relays=args.relays is not None, speculate=args.speculate),
         ):
             tokens.append(token)
             if not args.json:

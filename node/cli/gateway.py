@@ -11,6 +11,7 @@ from node.cli.overlay_args import (
     chain_relays,
     overlay_route,
     read_file_relays,
+    ring_default,
 )
 from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
@@ -138,12 +139,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--ring",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="let the circuit's first node run the decode loop (its copy of the model's public "
         "head chooses each token, the client checks every one and pays as they come): no round "
         "trip to the client per token, which over --relays is most of a token's time; the first "
         "node learns the generated token ids it already sees as embeddings (docs/overlay.md, "
-        "docs/privacy.md). Used on circuits whose nodes all offer it; not with --speculate",
+        "docs/privacy.md). Used on circuits whose nodes all offer it; not with --speculate. "
+        "Default: on for --personal --relays (unless --speculate), else off",
     )
     serve.add_argument(
         "--wire-dtype",
@@ -348,7 +351,7 @@ def _serve(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
-        ring=args.ring,
+        ring=bool(args.ring),
         wire_dtype=args.wire_dtype,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
@@ -422,7 +425,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
-        ring=args.ring,
+        ring=ring_default(args.ring, relays=args.relays is not None, speculate=args.speculate),
         wire_dtype=args.wire_dtype,
         private_endpoints=private,
         min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()

@@ -149,3 +149,14 @@ def chain_relays(committee_rpc: str) -> Any:
     relays = asyncio.run(read())
     print(f"overlay: {len(relays)} relays listed on the committee", file=sys.stderr, flush=True)
     return relays
+
+
+def ring_default(ring: bool | None, *, relays: bool, speculate: int) -> bool:
+    """`--ring` / `--no-ring` as given; without either, the first node's decode loop over the
+    overlay (a token there costs 2l + K + 1 link delays with the loop here, 2(K − 1) with the
+    ring: docs/overlay.md, *The ring*), never beside --speculate (the other way past round
+    trips), and the loop here on direct links, where the ring saves less and shows the middle
+    hops the last hop's outputs."""
+    if ring is not None:
+        return ring
+    return relays and not speculate

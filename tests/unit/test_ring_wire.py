@@ -258,6 +258,33 @@ def test_planet_ask_ring_with_speculate_or_a_gateway_exits_2(capsys, extra) -> N
     assert "error: --ring is for the nodes you ask directly" in err and "hint:" in err
 
 
+@pytest.mark.parametrize(
+    ("given", "relays", "speculate", "ring"),
+    [
+        (None, True, 0, True),  # over the overlay: the first node's loop by default
+        (None, False, 0, False),  # direct links: the loop stays with the client
+        (None, True, 4, False),  # --speculate is the other way past round trips
+        (False, True, 0, False),  # --no-ring
+        (True, False, 0, True),  # --ring on direct links
+    ],
+)
+def test_ring_is_on_by_default_over_relays_only(given, relays, speculate, ring) -> None:
+    from node.cli.overlay_args import ring_default
+
+    assert ring_default(given, relays=relays, speculate=speculate) is ring
+
+
+def test_planet_ask_takes_no_ring() -> None:
+    import argparse
+
+    from node.cli import ask
+
+    parser = argparse.ArgumentParser()
+    ask.register(parser.add_subparsers())
+    assert parser.parse_args(["ask", "hi", "--no-ring"]).ring is False
+    assert parser.parse_args(["ask", "hi"]).ring is None
+
+
 async def test_ring_loop_batches_the_tokens_ready_while_a_send_is_on_its_way():
     """The client's link is slow (its first ring tokens message takes a while to leave): the
     tokens chosen meanwhile leave together, in one message (one per path over the overlay)."""
