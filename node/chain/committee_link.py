@@ -33,7 +33,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ class CommitteeLink:
         *,
         timeout_s: float = 10.0,
         nonce_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not urls:
             raise ValueError("at least one committee RPC URL is needed")
@@ -112,6 +114,7 @@ class CommitteeLink:
         self._current = 0
         self._next_nonce: int | None = None
         self._submitting = asyncio.Lock()
+        self._clock = clock  # the deadline of `committed` (injectable for tests)
 
     async def close(self) -> None:
         for client in self._clients:
@@ -269,16 +272,33 @@ class CommitteeLink:
         return int((await self.query("/nonce", account=self.signer))["nonce"])
 
     async def committed(self, tx_hash: str, *, timeout_s: float = 15.0) -> TxResult:
-        """The FinalizeBlock result of a submitted tx once it is in a block (with its height)."""
-        return await self._each(
-            f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
-        )
+        """The FinalizeBlock result of a submitted tx once it is in a block (with its height),
+        within `timeout_s` in all. The validator that answers waits for it; one tried after
+        an unreachable or timed-out one waits only what is left, and once the time is spent
+        the others are each asked once whether their index holds it. (Each waiting the whole
+        `timeout_s` made a tx that never lands — dropped from the mempool when another signer
+        took its nonce — cost `timeout_s` × the number of validators before the caller could
+        sign it again.)"""
+        deadline = self._clock() + timeout_s
+
+        async def wait(client: CommitteeRpc) -> TxResult:
+            left = deadline - self._clock()
+            if left > 0:
+                return await client.wait_for_tx(tx_hash, timeout_s=left)
+            found = await client.tx(tx_hash)
+            if found is None:
+                raise UnavailableError(
+                    f"{client.url}: tx {tx_hash[:16]} not committed within {timeout_s:g} s",
+                    hint="the chain may be halted or the tx dropped: check `planet committee "
+                    "status`",
+                )
+            return found
+
+        return await self._each(f"tx {tx_hash[:12]}", wait)
 
     async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]:
-        """(FinalizeBlock code, log) of a submitted tx once it is in a block."""
-        result = await self._each(
-            f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
-        )
+        """(FinalizeBlock code, log) of a submitted tx once it is in a block (`committed`)."""
+        result = await self.committed(tx_hash, timeout_s=timeout_s)
         return result.code, result.log
 
     async def send(self, body: Any, *, timeout_s: float = 15.0) -> tuple[int, str]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.model.gguf_header import metadata_scalar
 from protocol.errors import ConfigError, UsageError
 
 log = logging.getLogger(__name__)
@@ -155,17 +156,12 @@ def default_fp32_dir() -> Path:
 
 def default_layer_count() -> int | None:
     """The default model's layer count before its first conversion (about a minute), from the
-    GGUF's `llama.block_count` (~2 s); None once converted (its config.json is read then) or
-    when the GGUF does not say."""
+    GGUF header's `llama.block_count` (its first kilobyte: node/model/gguf_header.py); None
+    once converted (its config.json is read then) or when the GGUF does not say."""
     if (default_fp32_dir() / _DONE_MARKER).is_file():
         return None
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(locate_gguf())).fields.get("llama.block_count")
-    if field is None or not field.data:
-        return None
-    count = field.parts[field.data[0]]
-    return int(count[0]) if len(count) == 1 else None
+    count = metadata_scalar(locate_gguf(), "llama.block_count")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def ensure_default_fp32(progress: Progress = stderr_progress) -> Path:

@@ -260,3 +260,65 @@ async def test_two_processes_signing_with_one_key_share_its_nonces_through_the_f
     apart = [_link(alone), _link(alone)]
     await asyncio.gather(*(link.submit(Heartbeat()) for link in apart))
     assert [decode(raw).nonce for raw in alone.broadcast] == [5, 5]  # what the file prevents
+
+
+@dataclass
+class WaitingRpc:
+    """A validator that answers but whose blocks never hold the tx waited for (another signer
+    took its nonce: it left the mempool), unless `holds` names it; waiting advances `clock`."""
+
+    url: str
+    clock: list[float]
+    holds: dict[str, TxResult] = field(default_factory=dict)
+    down: bool = False
+    waits: list[float] = field(default_factory=list)
+    lookups: int = 0
+
+    async def wait_for_tx(self, hash_hex: str, *, timeout_s: float) -> TxResult:
+        if self.down:
+            raise UnavailableError(f"{self.url} down")
+        self.waits.append(timeout_s)
+        if hash_hex in self.holds:
+            return self.holds[hash_hex]
+        self.clock[0] += timeout_s
+        raise UnavailableError(f"{self.url}: tx {hash_hex[:16]} not committed within {timeout_s} s")
+
+    async def tx(self, hash_hex: str) -> TxResult | None:
+        self.lookups += 1
+        return self.holds.get(hash_hex)
+
+    async def close(self) -> None:
+        return None
+
+
+def _waiting_link(*rpcs: WaitingRpc, clock: list[float]) -> CommitteeLink:
+    link = CommitteeLink([r.url for r in rpcs], SigningKey(b"\x01" * 32), clock=lambda: clock[0])
+    link._clients = list(rpcs)  # type: ignore[assignment]
+    return link
+
+
+async def test_link_waits_for_a_tx_that_never_lands_its_timeout_in_all_not_per_validator() -> None:
+    """A dropped tx costs the caller `timeout_s`, not `timeout_s` × 4: the validator that
+    answered waited it out; the others are only asked whether their index holds the tx."""
+    clock = [100.0]
+    rpcs = [WaitingRpc(f"http://v{i}", clock) for i in range(4)]
+    link = _waiting_link(*rpcs, clock=clock)
+    with pytest.raises(UnavailableError) as raised:
+        await link.committed_code("AB" * 32, timeout_s=30)
+    assert "not committed within 30 s" in raised.value.message
+    assert [r.waits for r in rpcs] == [[30], [], [], []]
+    assert [r.lookups for r in rpcs] == [0, 1, 1, 1]
+    assert clock[0] == 130.0  # 30 s of waiting in all (each waiting 30 s was 120 s)
+
+
+async def test_link_waits_on_the_next_validator_with_what_is_left_and_finds_the_tx() -> None:
+    """An unreachable validator costs no waiting; one behind the others (its index lacks the
+    tx when the time is spent) does not hide a tx another validator holds."""
+    clock = [0.0]
+    landed = TxResult("CD" * 32, 9, 0, 30, "unknown gateway")
+    down = WaitingRpc("http://down", clock, down=True)
+    behind = WaitingRpc("http://behind", clock)
+    ahead = WaitingRpc("http://ahead", clock, holds={"CD" * 32: landed})
+    link = _waiting_link(down, behind, ahead, clock=clock)
+    assert await link.committed_code("CD" * 32, timeout_s=15) == (30, "unknown gateway")
+    assert behind.waits == [15] and ahead.waits == [] and ahead.lookups == 1

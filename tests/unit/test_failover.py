@@ -301,18 +301,24 @@ async def test_failover_bounded_attempts_then_the_last_error(aiohttp_server, tin
 async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_stay_exact(
     aiohttp_server, tiny
 ):
-    """Shard 1 has a fast node (seen by an earlier question) and a slow one (+0.1 s per
-    forward) not seen yet: the next question tries the slow one, and after its first
-    MIN_OBSERVED_PASSES decode passes moves to the fast one (the history replayed at the same
-    positions), not at the end of the answer; the slow node is not avoided or marked failed,
-    the record says `outpriced` and what it served; greedy tokens are those of the model.
-    The fast node on trial is kept: only a slow one is left."""
+    """Shard 1 has a fast node (seen by an earlier question) and a slow one not seen yet: the
+    next question tries the slow one, and after its first MIN_OBSERVED_PASSES decode passes
+    moves to the fast one (the history replayed at the same positions), not at the end of the
+    answer; the slow node is not avoided or marked failed, the record says `outpriced` and what
+    it served; greedy tokens are those of the model. The fast node on trial is kept: only a
+    slow one is left.
+
+    Slow is relative to what the cost book measured of the two, on whatever load the machine
+    has: the slow node adds 0.1 s plus twice the fast node's seen pass and both nodes' claimed
+    costs to each forward (on a loaded box the fast circuit's passes and the /info round
+    trips grow too, and a fixed +0.1 s was once within 2x of them: no move). The book's clock
+    stands still, so the claims measured in the first answer are those the trial is judged
+    against (no /info refresh mid-test)."""
     _, model, manifest = tiny
     head = ClientHead.load(manifest, device="cpu")
     ids = head.encode(PROMPT)
     shards = [0, 1, 1]
     servers, _ = await _nodes(aiohttp_server, manifest, shards)
-    servers[2].app[STATE_KEY].backend.slow_s = 0.1
     hops = _hops(servers, shards)
     pick = FirstOrLast()
     from node.model.manifest import Manifest
@@ -320,9 +326,8 @@ async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_st
     loaded = Manifest.load(manifest)
     expected = {s.shard_id: (loaded.model_hash, s.layers) for s in loaded.shards}
     async with aiohttp.ClientSession() as http:
-        source = ReplicaCircuits(
-            http, hops, expected=expected, hidden_size=H, costs=CostBook(rng=pick)
-        )
+        book = CostBook(rng=pick, clock=lambda: 1000.0)  # stands still: see the docstring
+        source = ReplicaCircuits(http, hops, expected=expected, hidden_size=H, costs=book)
 
         async def nothing(count: int) -> None:
             pass
@@ -331,6 +336,12 @@ async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_st
         first, quiet = await _answer(source, head, ids, nothing)  # nothing seen: the first
         assert source.circuits == [(hops[0], hops[1])] and quiet.failovers == []
         unmoved = first_hop.forwards
+        fast_seen = book.get(hops[1].url).seen_s
+        assert fast_seen is not None  # its passes were observed
+        # beyond 2x the fast node's checked cost whatever the load made of the measurements
+        # (node/client/costs.py `outpriced`: the seen passes minus the fast node's share)
+        claims = book.cost_s(hops[1].url) + book.cost_s(hops[2].url)
+        servers[2].app[STATE_KEY].backend.slow_s = 0.1 + 2 * (fast_seen + claims)
         pick.last = True  # the slow node, tied with the fast one as the cheapest: tried
         tokens, timings = await _answer(source, head, ids, nothing)
         # the replay sends the prompt and the answer so far as two frames (`split_at`), which
