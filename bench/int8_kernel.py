@@ -78,26 +78,32 @@ def kernel_rows() -> dict[str, Any]:
 
 @functools.cache
 def _prepared(quant: str) -> Path:
-    """The shard set's directory, prepared (or its cached copy's hashes checked) once a run:
-    the kernel, the reference and the de-quantized circuit load the same int8 set."""
-    from node.model.prepare import prepare
+    """The shard set's manifest in the shared cache (prepared on first use); its files' hashes
+    are checked as they load, once a run (the first `_load` of the set)."""
+    from harness.shard_cache import prepared_manifest
 
-    return Path(prepare(model="default", parts=3, quant=quant, progress=lambda _m: None))
+    return prepared_manifest(parts=3, quant=quant)
 
 
 def _head() -> Any:
     from node.model.head import ClientHead
 
-    return ClientHead.load(_prepared("int8"), device="cpu", verify=False)
+    return ClientHead.load(_prepared("int8"), device="cpu", verify=True)
+
+
+_VERIFIED: set[str] = set()  # the quants whose shard files were hash-checked at load
 
 
 def _load(quant: str, int8_kernel: bool | None = None) -> list[Any]:
-    """A fresh copy of the 3 shards of `quant` (each circuit its own modules)."""
+    """A fresh copy of the 3 shards of `quant` (each circuit its own modules): the first copy
+    of a set checks its files' chunk hashes, the later copies load the same files unchecked."""
     from node.model.shard import ShardModel
 
     path = _prepared(quant)
+    verify = quant not in _VERIFIED
+    _VERIFIED.add(quant)
     return [
-        ShardModel.load(path, k, device="cpu", verify=False, int8_kernel=int8_kernel)
+        ShardModel.load(path, k, device="cpu", verify=verify, int8_kernel=int8_kernel)
         for k in range(3)
     ]
 
