@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parse_with_quick(
         parser,
-        {"text_chars": 120, "rq_sweep": QUICK_SWEEP, "roundtrips": 10},
+        {"text_chars": 64, "rq_sweep": QUICK_SWEEP, "roundtrips": 10},
         argv,
     )
     if args.roundtrips < 1 or args.text_chars < 0:
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     import torch
 
+    from harness.shard_cache import prepared_manifest
     from node.model.evaluate import codec_quality, codec_roundtrip, heldout_split
     from node.model.head import ClientHead
     from node.model.prepare import prepare
@@ -159,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     started = time.monotonic()
-    path = prepare(model=args.model, parts=args.parts, quant="none", progress=log.info)
+    if args.model == "default":  # the shared cache's set (prepared on first use); each load
+        # below checks its file's chunk hashes, so the whole set is not hashed twice
+        path = prepared_manifest(parts=args.parts, quant="none")
+    else:
+        path = prepare(model=args.model, parts=args.parts, quant="none", progress=log.info)
     head = ClientHead.load(path, device="cpu")
     shards = [ShardModel.load(path, k, device="cpu") for k in range(args.parts)]
     hidden = shards[0].hidden_size

@@ -10,9 +10,10 @@ and the default (`saturate` from 4 up to 16 sessions: at most 4 + 8 + 16 session
 WebSocket frames (one 1-position frame per position) are not in it; with `--live` the whole
 probe is measured too (`HopRunner.time_node` against real node processes of both shards,
 harness/replica_net.py: this process's CPU, and the probed node's as `node_cpu_ms`). Medians
-of --repeats.
+of --repeats, each after --warm-ups untimed runs.
 
     .venv/bin/python bench/hop_probe_cost.py [--repeats 3] [--live]
+    .venv/bin/python bench/hop_probe_cost.py --quick  # one timed run each, no warm-up
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from bench._common import machine, parse_with_quick
-from harness.gateway_net import prepared_manifest
+from harness.shard_cache import prepared_manifest
 from node.model.head import ClientHead
 from node.model.shard import ShardModel
 from node.verifier.calibration import load_calibration
@@ -106,8 +107,13 @@ def live(head: Any, shards: Any, tolerance: Any, repeats: int) -> dict[str, dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--warm-ups", type=int, default=1, help="untimed runs before each timed set (1)"
+    )
     parser.add_argument("--live", action="store_true", help="also the whole probe, real nodes")
-    args = parse_with_quick(parser, {"repeats": 1})
+    args = parse_with_quick(parser, {"repeats": 1, "warm_ups": 0})
+    if args.repeats < 1 or args.warm_ups < 0:
+        parser.error("--repeats must be at least 1 and --warm-ups at least 0")
     torch.set_num_threads(1)
     manifest = prepared_manifest(parts=2, quant="int8")
     head = ClientHead.load(manifest, device="cpu")
@@ -116,7 +122,8 @@ def main() -> None:
     metrics: dict[str, float | None] = {}
     for name, rounds in SETTINGS.items():
         for shard in range(2):
-            one_node(head, shards, shard, rounds, tolerance)  # warm
+            for _ in range(args.warm_ups):
+                one_node(head, shards, shard, rounds, tolerance)
             runs = range(args.repeats)
             seconds = [one_node(head, shards, shard, rounds, tolerance) for _ in runs]
             metrics[f"{name}_shard_{shard}_cpu_ms"] = round(1000 * statistics.median(seconds), 1)
@@ -136,6 +143,7 @@ def main() -> None:
                     "model": "smollm2-135m-2p-int8",
                     "positions_per_session": POSITIONS,
                     "repeats": args.repeats,
+                    "warm_ups": args.warm_ups,
                     "live": args.live,
                     "quick": args.quick,
                 },

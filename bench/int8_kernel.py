@@ -1,7 +1,7 @@
 """int8 kernel benchmark: is torch's packed int8 kernel verifiable? One JSON object on stdout.
 
     .venv/bin/python bench/int8_kernel.py            # 6 windows x 32 sampled tokens, 12 prompts
-    .venv/bin/python bench/int8_kernel.py --quick    # 1 window x 4 tokens, 1 prompt
+    .venv/bin/python bench/int8_kernel.py --quick    # 2 windows x 4 sampled (4 decoded), 1 prompt
 
 SmolLM2-135M int8, 3 shards in process. The kernel (`Int8Linear`: `torch._weight_int8pack_mm` on
 bf16 activations) is what an int8 node runs on CPU by default and what the verifiers' reference
@@ -25,6 +25,7 @@ recomputes (node/verifier/reference.py). Measured:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -75,18 +76,36 @@ def kernel_rows() -> dict[str, Any]:
     return out
 
 
-def _load(quant: str, int8_kernel: bool | None = None) -> tuple[Any, list[Any]]:
+@functools.cache
+def _prepared(quant: str) -> Path:
+    """The shard set's manifest in the shared cache (prepared on first use); its files' hashes
+    are checked as they load, once a run (the first `_load` of the set)."""
+    from harness.shard_cache import prepared_manifest
+
+    return prepared_manifest(parts=3, quant=quant)
+
+
+def _head() -> Any:
     from node.model.head import ClientHead
-    from node.model.prepare import prepare
+
+    return ClientHead.load(_prepared("int8"), device="cpu", verify=True)
+
+
+_VERIFIED: set[str] = set()  # the quants whose shard files were hash-checked at load
+
+
+def _load(quant: str, int8_kernel: bool | None = None) -> list[Any]:
+    """A fresh copy of the 3 shards of `quant` (each circuit its own modules): the first copy
+    of a set checks its files' chunk hashes, the later copies load the same files unchecked."""
     from node.model.shard import ShardModel
 
-    path = prepare(model="default", parts=3, quant=quant, progress=lambda _m: None)
-    head = ClientHead.load(path, device="cpu", verify=False)
-    shards = [
-        ShardModel.load(path, k, device="cpu", verify=False, int8_kernel=int8_kernel)
+    path = _prepared(quant)
+    verify = quant not in _VERIFIED
+    _VERIFIED.add(quant)
+    return [
+        ShardModel.load(path, k, device="cpu", verify=verify, int8_kernel=int8_kernel)
         for k in range(3)
     ]
-    return head, shards
 
 
 def fingerprints(circuits: dict[str, list[Any]], reference: list[Any], head: Any, challenge: Any):
@@ -243,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
     args = parse_with_quick(
         parser,
-        {"windows": 2, "sampled_tokens": 4, "decode": 8, "prompts": 1, "tokens": 4},
+        {"windows": 2, "sampled_tokens": 4, "decode": 4, "prompts": 1, "tokens": 4},
         argv,
     )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
@@ -254,11 +273,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     metrics: dict[str, Any] = kernel_rows()
-    head, kernel = _load("int8", int8_kernel=True)
-    _, reference = _load("int8", int8_kernel=True)  # the verifier's own copy
-    _, dequantized = _load("int8", int8_kernel=False)
-    _, fp32 = _load("none")
-    _, int4 = _load("int4")
+    head = _head()
+    kernel = _load("int8", int8_kernel=True)
+    reference = _load("int8", int8_kernel=True)  # the verifier's own copy
+    dequantized = _load("int8", int8_kernel=False)
+    fp32 = _load("none")
+    int4 = _load("int4")
     assert type(kernel[0].module.model.layers[str(0)].self_attn.q_proj).__name__ == "Int8Linear"
     challenges = text_challenges(
         head, heldout_text(), count=args.windows, continuation_tokens=args.decode

@@ -45,6 +45,7 @@ from node.client.credit_wallet import CreditWallet
 from node.client.failover import FailoverPolicy, generate
 from node.client.replicas import ReplicaCircuits
 from node.client.types import Hop
+from node.model.backends import skip_unused_backends
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
 from node.model.prepare import prepare
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-ups", type=int, default=1, help="free questions first, untimed (1)")
     args = parse_with_quick(parser, {"tokens": 4, "repeats": 1, "warm_ups": 0}, argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # the tiny model's shards are fp32: neither hqq (int4) nor torchao (int8) runs here, and
+    # transformers (which makes the tiny model) would import both (~1 CPU-s): as a node does
+    skip_unused_backends({"none"})
     print(json.dumps(asyncio.run(run(args))))
     return 0
 

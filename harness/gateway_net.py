@@ -41,6 +41,7 @@ from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, star
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from harness.committee_reads import nodes_of
 from harness.ports import ephemeral_port
+from harness.shard_cache import prepared_manifest  # noqa: F401  (its importers here)
 from node.chain.committee_pages import path_query, read_reputations
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
@@ -71,19 +72,6 @@ ETHER = 10**18
 PRICE = 10**12  # wei per token
 PASSWORD = "gateway-test-password"
 _NONCE_LOCK = threading.Lock()
-
-
-def prepared_manifest(parts: int = 2, quant: str = "int8") -> Path:
-    """The prepared SmolLM2 shards' manifest: the cached one when present (each node re-checks
-    its shard file's hash at start), else `node.model.prepare`."""
-    from node.model.source import models_dir
-
-    cached = models_dir() / f"smollm2-135m-{parts}p-{quant}" / "manifest.json"
-    if cached.exists():
-        return cached
-    from node.model.prepare import prepare
-
-    return Path(prepare(parts=parts, quant=quant, progress=lambda _m: None))
 
 
 def http_json(url: str, *, timeout: float = 10) -> Any:

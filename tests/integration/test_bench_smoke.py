@@ -42,7 +42,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "gateway": (SLOW, E2E_LANE),
     "gpu_sweep": (),
     "hop_probe_cost": (),  # 2 SmolLM2 int8 shards in process, no ports, ~5 s
-    "int8_kernel": (SLOW,),  # 4 SmolLM2 shard sets in process, no ports (~19 CPU-s)
+    "int8_kernel": (SLOW,),  # 5 SmolLM2 shard sets (3 quants) in process, no ports (~14 CPU-s)
     "links": (SLOW,),
     "overlay": (SLOW,),  # cloves in process; 2 node and 12 relay processes at 0 ms, ~12 s
     "paid_circuit": (),  # two tiny in-process nodes

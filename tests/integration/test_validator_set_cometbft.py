@@ -2,12 +2,14 @@
 
 The network is `planet committee init`'s (`deploy.committee.init_network`, 5 nodes) with the
 fifth node left out of genesis `validators`: it starts as a full node. Each validator does
-what its watcher would (a thread here, no EVM: every mint counts as covered): its key period
-DKG messages (`plan`) and `fund_mint`. A payer buys a credit of key period 0; the validators
-propose and approve (3 of 4, 30 of 40 power) adding the fifth; at the epoch boundary CometBFT
-takes the update and the fifth validator signs blocks (its address in the blocks' commits).
-Period 1's DKG deals the five of them, and a later period's mint is signed with their shares.
-Then a staked compute node redeems the period-0 credit.
+what its watcher would (a thread of its own, as each validator runs its own watcher; no EVM:
+every mint counts as covered): its key period DKG messages (`plan`), its partials (`MintSigner`)
+and `fund_mint`. A payer buys a credit of key period 0; the validators propose and approve (3 of
+4, 30 of 40 power) adding the fifth; at the epoch boundary CometBFT takes the update and the
+fifth validator signs blocks (its address in the blocks' commits). The first key period whose
+DKG is configured after the change (period 1 unless the change came late on a loaded machine)
+deals the five of them, and a mint of that period or later is signed with their shares. Then a
+staked compute node redeems the period-0 credit.
 Ports: 28100-28149; run under the devnet lock (`flock /tmp/planet-devnet.lock`).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -41,6 +44,7 @@ from protocol.committee.envelope import sign
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
 from protocol.committee.validator_set import ValidatorApprove, ValidatorChange
+from protocol.credit_periods import KeySchedule
 from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
@@ -52,7 +56,9 @@ log = logging.getLogger(__name__)
 
 BASE_PORT = 28100
 ESCROW = "0x" + "ee" * 20
-PERIOD_BLOCKS = 150  # period 1 starts at block 151; its DKG from block 121 (3 phases of 10)
+PERIOD_BLOCKS = 100  # period 1 starts at block 101; its DKG from block 71 (3 phases of 10)
+DKG_PHASE_BLOCKS = 10  # room for a loaded machine's watcher pass
+SCHEDULE = KeySchedule(PERIOD_BLOCKS, DKG_PHASE_BLOCKS)
 EPOCH = 10
 
 
@@ -98,54 +104,59 @@ def _genesis(network: Network, outsider: int) -> None:
             "price_wei": str(10**12),
             "layer_tokens": 4096,
             "key_period_blocks": PERIOD_BLOCKS,
-            "dkg_phase_blocks": 10,  # room for the in-test watchers, one tx at a time
+            "dkg_phase_blocks": DKG_PHASE_BLOCKS,
         }
         path.write_text(json.dumps(genesis, indent=1))
 
 
 @contextlib.contextmanager
 def _watching(members: list[Member]) -> Iterator[None]:
-    """Each member's watcher pass every 0.3 s: its DKG messages, its partials for every funded
-    mint (the real `MintSigner`) and `fund_mint` for every mint waiting (members of the set
-    only). A refused DKG message (landed late on a loaded
-    machine: the chain runs the DKG again) is logged; any other failure is raised at exit."""
+    """Each member's watcher, a thread of its own (each validator runs its own watcher), a pass
+    every 0.3 s: its DKG messages, its partials for every funded mint (the real `MintSigner`)
+    and `fund_mint` for every mint waiting (members of the set only). Side by side, as real
+    watchers are, every validator of a mint's period sees it short of t and posts its set (one
+    thread signing for all of them in turn left the last one nothing to sign, and the buyer
+    then waited out `buy_credits`' 20 s for that validator's partials). A refused DKG message
+    (landed late on a loaded machine: the chain runs the DKG again) is logged; any other
+    failure is raised at exit."""
     stop = threading.Event()
     crashed: list[BaseException] = []
-    signers = {m.pub_key: MintSigner(NetCommittee(m.net, m.send), m.store) for m in members}
+    first = members[0].net
 
-    def run() -> None:
-        done: set[tuple[str, str]] = set()
+    def run(member: Member) -> None:
+        signer = MintSigner(NetCommittee(member.net, member.send), member.store)
+        funded: set[str] = set()
         try:
             while not stop.wait(0.3):
-                first = members[0].net
                 validators = {v["pub_key"] for v in first.query("/params")["validators"]}
                 current = first.query("/credit_period")
                 following = first.query(f"/credit_period?period={current['period'] + 1}")
-                for member in members:
-                    for answer in (current, following):  # the watcher's two runs
-                        for body in plan(answer, member.key, member.store):
-                            refused = member.send(body)
-                            if refused.get("code", 0) != 0:
-                                log.warning("%s refused: %s", body.TYPE, refused)
-                    if member.pub_key not in validators:
-                        continue
-                    asyncio.run(signers[member.pub_key].step())  # its partials, on chain
-                    for mint in first.query("/mints?pending=true")["mints"]:
-                        if (member.pub_key, mint["id"]) not in done:
-                            answer = member.send(FundMint(mint["id"]))
-                            assert answer.get("code", 0) == 0, answer
-                            done.add((member.pub_key, mint["id"]))
+                for answer in (current, following):  # the watcher's two runs
+                    for body in plan(answer, member.key, member.store):
+                        refused = member.send(body)
+                        if refused.get("code", 0) != 0:
+                            log.warning("%s refused: %s", body.TYPE, refused)
+                if member.pub_key not in validators:
+                    continue
+                asyncio.run(signer.step())  # its partials, on chain
+                for mint in first.query("/mints?pending=true")["mints"]:
+                    if mint["id"] not in funded:
+                        answer = member.send(FundMint(mint["id"]))
+                        assert answer.get("code", 0) == 0, answer
+                        funded.add(mint["id"])
         except BaseException as error:  # surfaced to the test below, logged at once
-            log.exception("the watchers' loop stopped")
+            log.exception("the watcher of %s stopped", member.pub_key[:12])
             crashed.append(error)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=run, args=(m,), daemon=True) for m in members]
+    for thread in threads:
+        thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join(timeout=30)
+        for thread in threads:
+            thread.join(timeout=30)
         if crashed:
             raise crashed[0]
 
@@ -206,14 +217,16 @@ def test_four_validators_add_a_fifth_that_signs_and_an_old_credit_redeems(tmp_pa
             assert any(address in _signers(first, h) for h in range(joined, joined + 3))
             params = first.query("/params")["validators"]
             assert newcomer.pub_key in {v["pub_key"] for v in params}
-            # period 1: its DKG among the five; a credit of a later period signed with the
-            # five's shares
-            first.wait_height(PERIOD_BLOCKS + 1, timeout=240)
-            run = first.query("/credit_period?period=1")["run"]
+            # the first period whose DKG's receivers are recorded after the change: its DKG
+            # among the five; a credit of it (or later) signed with the five's shares
+            period = next(p for p in itertools.count(1) if SCHEDULE.dkg_config_height(p) > joined)
+            log.info("the fifth joined by block %d: waiting for key period %d", joined, period)
+            first.wait_height(SCHEDULE.period_start(period), timeout=240)
+            run = first.query(f"/credit_period?period={period}")["run"]
             assert newcomer.pub_key in [pub for _, pub in run["receivers"]]
             fresh = asyncio.run(buy_credits(rpcs, payer, 1, wallet, expiry=int(time.time()) + 3600))
-            assert fresh[0].period >= 1
-        # period 1: the period-0 credit still redeems (its key's record kept)
+            assert fresh[0].period >= period
+        # a later period: the period-0 credit still redeems (its key's record kept)
         [old] = [c for c in wallet.take(2) if c.period == 0]
         nonce = iter(range(2, 100))
 
