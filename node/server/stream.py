@@ -31,6 +31,7 @@ import numpy as np
 from aiohttp import web
 
 from node.dial import refuse_redirects
+from node.server.backend import served_span
 from node.server.config import ServerConfig
 from node.server.link_pool import ATTACH_TIMEOUT_S, DownLink, LinkLostError, LinkPool, ws_dialer
 from node.server.next_hops import PublicResolver, build_policy
@@ -624,7 +625,7 @@ def _next_hop_policy(config: ServerConfig, state: NodeState, http: aiohttp.Clien
         source = CommitteeRpc(config.committee_rpc, session=http)
     policy = build_policy(
         config.next_hops,
-        state.backend.shard_id,
+        served_span(state.backend).last,  # the hop after a span follows its last shard
         source=source,
         model_hash=state.backend.model_hash,
     )
