@@ -14,7 +14,7 @@ commitments: docs/compute.md, *Span hops*).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,26 @@ from node.server.backend import ShardBackend
 from protocol.errors import ConfigError
 from protocol.spans import ShardSpan
 
+MAX_KEPT_STAGES = 64  # a session's forwards whose per-shard outputs wait to be recorded
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class SpanCache:
-    """One session's KV caches, one per shard of the span, in shard order."""
+    """One session's KV caches, one per shard of the span, in shard order, and every shard's
+    outputs of the session's forwards not yet recorded, by their first position (`stages`:
+    taken by node/server/state.py `after_forward` for the per-shard served logs; a session has
+    several frames in flight, so the worker may run the next before the last is recorded)."""
 
     parts: tuple[Any, ...]
+    stages: dict[int, list[np.ndarray]] = field(default_factory=dict)
+
+    def keep(self, start: int, outs: list[np.ndarray]) -> None:
+        self.stages[start] = outs
+        while len(self.stages) > MAX_KEPT_STAGES:  # never taken (the frame failed later)
+            del self.stages[next(iter(self.stages))]
+
+    def take(self, start: int) -> list[np.ndarray] | None:
+        return self.stages.pop(start, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +76,12 @@ class SpanBackend:
         quants = sorted({stage.quant for stage in stages})
         self.quant = quants[0] if len(quants) == 1 else "+".join(quants)
         self.device = first.device
-        self.prefix_reusable = all(getattr(s, "prefix_reusable", False) for s in stages)
+        # off: a prefix hit would skip the inner shards' inputs that their commitments (and
+        # spot-check tickets) need (docs/compute.md, *Span hops*)
+        self.prefix_reusable = False
+        # keep each forward's per-shard outputs in the session's cache until recorded: on only
+        # where something records them (node/server/served.py, tickets.py for a span)
+        self.keep_stages = False
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -72,26 +91,30 @@ class SpanBackend:
         return SpanCache(tuple(stage.new_cache() for stage in self.stages))
 
     def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: SpanCache) -> np.ndarray:
-        for stage, part in zip(self.stages, cache.parts, strict=True):
-            hidden = stage.forward(hidden, positions, part)
-        return hidden
+        return self.forward_stages(hidden, positions, cache)[-1]
 
     def forward_stages(
         self, hidden: np.ndarray, positions: np.ndarray, cache: SpanCache
     ) -> list[np.ndarray]:
         """Every shard's output, in order (the last is `forward`'s): the inputs of shard i + 1
-        are the outputs of shard i."""
+        are the outputs of shard i. Kept in `cache.stages` until the next forward."""
         outs = []
         for stage, part in zip(self.stages, cache.parts, strict=True):
             hidden = stage.forward(hidden, positions, part)
             outs.append(hidden)
+        if self.keep_stages:
+            cache.keep(int(positions[0]), outs)
         return outs
 
     def forward_batch(
         self, hidden: np.ndarray, positions: np.ndarray, caches: list[SpanCache]
     ) -> np.ndarray:
+        outs = []
         for index, stage in enumerate(self.stages):
             hidden = stage.forward_batch(hidden, positions, [c.parts[index] for c in caches])
+            outs.append(hidden)
+        for row, cache in enumerate(caches if self.keep_stages else ()):  # [B, 1, H] → [1, 1, H]
+            cache.keep(int(positions[row]), [out[row : row + 1] for out in outs])
         return hidden
 
     def cache_bytes(self, cache: SpanCache) -> int:

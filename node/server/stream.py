@@ -510,7 +510,7 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
             if session.cache is None:
                 raise SessionExpiredError(short_tag(session.tag))
-            after_forward(state, session.tag, header.start, hidden, out)
+            after_forward(state, session.tag, header.start, hidden, out, session.cache)
             start, count = header.start, header.count
             last = not route.forwards
             if last and header.last_only and count > 1:
