@@ -261,10 +261,11 @@ def start_node_and_agent(
     running host, which takes this node as one more seat (`planet join --into`).
     `rendezvous`: the node is behind NAT: it links to these relays (`--rendezvous`) and is
     registered at its address on the first of them, with all of them named. `last`: the node
-    serves shards `shard` … `last` as one hop (a span: `--shards`), registered for all of them;
-    free, never rebalanced, not a seat (`planet join` checks)."""
-    if last is not None and (credit_positions or rebalance or memory_budget_mb or into):
-        raise ValueError("a span is started free, without rebalancing, outside a host")
+    serves shards `shard` … `last` as one hop (a span: `--shards`), registered and priced on
+    each of them, its credits spooled per shard; never rebalanced, not a seat (`planet join`
+    checks)."""
+    if last is not None and (rebalance or memory_budget_mb or into):
+        raise ValueError("a span is started without rebalancing, outside a host")
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(

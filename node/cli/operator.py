@@ -66,8 +66,8 @@ shard of the model and takes the weakest: a shard nobody serves first, then the 
 fewest routable nodes (ties: fewer nodes still joining, then the lowest index), and prints
 why, e.g. "shard 2 of 3: it has 0 routable nodes (shards 0 and 1 have 1 each)". A node key
 already registered keeps its shard. --shards N takes the N consecutive shards that are weakest
-together and serves them as one hop (a span, one process, one endpoint); a span serves free
-(per-shard payment of spans is not built yet) and is not rebalanced.
+together and serves them as one hop (a span, one process, one endpoint), priced and paid per
+shard (each shard at the price, each redeemed on its shard); a span is not rebalanced.
 rebalancing: a node placed automatically keeps watching the pool and moves to another shard
 when that gains (a shard with nobody, one below the chain's replica floor while its own keeps
 the floor, or a clear raise of the weakest shard), at most once per 10 minutes, after a delay
@@ -525,13 +525,9 @@ def _join(args: argparse.Namespace) -> int:
     else:
         port = args.port or _devnet_host_port(host) or random_free_port(18100, 18999)
     price = join_price(
-        args.credit_positions,
-        args.free or last is not None,  # a span serves free (`_span_size`)
-        lambda: going_price(config.committee_rpc, model_hash),
+        args.credit_positions, args.free, lambda: going_price(config.committee_rpc, model_hash)
     )
-    if last is not None:
-        _say("price: free (a span is paid per shard, which is not built yet: docs/compute.md)")
-    elif args.credit_positions is None and not args.free:
+    if args.credit_positions is None and not args.free:
         _say(f"price: a credit per {price} positions (the pool's going price; --credit-positions)")
     reach = _reach(args, config, node_key, host, port)
     _say(reach.line)
@@ -654,12 +650,6 @@ def _span_size(args: argparse.Namespace, hosted: bool) -> int | None:
             raise UsageError(
                 "a span is not rebalanced (a move takes one shard to another)",
                 hint="drop --rebalance, or join one shard",
-            )
-        if args.credit_positions:
-            raise UsageError(
-                f"--credit-positions {args.credit_positions}: a span serves free for now (its "
-                "pay is per shard, which is not built yet)",
-                hint="join the span with --free, or join one shard to charge",
             )
     return size
 

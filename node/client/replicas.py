@@ -46,7 +46,7 @@ from node.client.costs import CostBook, prefix_preference
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import NodeReader, node_info
-from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
+from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price, payee
 from node.client.types import Hop
 from protocol.committee.credit_holder import node_party
 from protocol.committee.grammar import HEX64
@@ -168,9 +168,9 @@ class ReplicaCircuits:
         """What `hop`'s /info says, read by the caller `rtt_s` ago (`planet ask` reads the
         circuit's to check it first: not read twice, which over relays is a link each)."""
         self.costs.observe_info(hop.url, info, rtt_s)
-        price = info.get("credit_positions", 0)
-        self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
-        self._check_price(hop.url, price)
+        for name, price in _advertised(hop, info).items():  # a span hop: one price per shard
+            self.prices[name] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
+            self._check_price(name, price)
         model_hash, layers = self.span_expected(hop)
         if (
             info.get("model_hash") != model_hash
@@ -188,7 +188,8 @@ class ReplicaCircuits:
         /info announces (a node that names another's key only pays that other node)."""
         key = hop.key or announced
         if self.payer is not None and isinstance(key, str) and HEX64.match(key):
-            self.payer.parties[hop.url] = node_party(bytes.fromhex(key), model_hash, hop.shard)
+            for shard, name in _payees(hop):
+                self.payer.parties[name] = node_party(bytes.fromhex(key), model_hash, shard)
 
     def _check_price(self, url: str, advertised: object) -> None:
         """`checked[url]`: the price this client may pay the node asking `advertised`."""
@@ -216,10 +217,11 @@ class ReplicaCircuits:
     def _can_pay(self, hop: Hop) -> bool:
         """Whether this client pays what `hop` asks: nothing (no credits), or a checked price
         no dearer than its floor."""
+        names = [name for _, name in _payees(hop)]
         if self.payer is None:
-            return self.prices.get(hop.url, 0) == 0
-        price = self.checked.get(hop.url)
-        return price is not None and self._payable(price)
+            return all(self.prices.get(name, 0) == 0 for name in names)
+        prices = [self.checked.get(name) for name in names]
+        return all(price is not None and self._payable(price) for price in prices)
 
     def _avoided(self, hop: Hop) -> bool:
         until = self._avoid.get(hop.url)
@@ -390,3 +392,21 @@ class ReplicaCircuits:
 
 def _url(hop: Hop) -> str:
     return hop.url
+
+
+def _payees(hop: Hop) -> list[tuple[int, str]]:
+    """(shard, payee) of each shard `hop` is paid for: its one shard (its URL), or each shard
+    of its span (node/client/paying.py `payee`)."""
+    if hop.span.size == 1:
+        return [(hop.shard, hop.url)]
+    return [(shard, payee(hop.url, shard)) for shard in hop.span]
+
+
+def _advertised(hop: Hop, info: dict[str, Any]) -> dict[str, object]:
+    """Payee → the price its /info asks: `credit_positions`, or for a span each shard's
+    (`shard_prices`; a free span lists none: 0 each)."""
+    if hop.span.size == 1:
+        return {hop.url: info.get("credit_positions", 0)}
+    listed = info.get("shard_prices")
+    prices = listed if isinstance(listed, dict) else {}
+    return {name: prices.get(str(shard), 0) for shard, name in _payees(hop)}

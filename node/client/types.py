@@ -43,6 +43,13 @@ class Hop:
         return ShardSpan(self.shard, self.shard if self.last is None else self.last)
 
 
+def payee(url: str, shard: int | None = None) -> str:
+    """Whom a credit pays, as prices and parties are keyed (node/client/paying.py): a hop's
+    URL, or for a span hop (paid per shard, node/server/span_payments.py) its URL and the
+    shard, `URL#shard-K`."""
+    return url if shard is None else f"{url}#shard-{shard}"
+
+
 class Head(Protocol):
     """The client's part of the model as circuits and the gateway use it."""
 

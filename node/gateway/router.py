@@ -83,6 +83,7 @@ import aiohttp
 from node.chain.committee_pages import path_query, read_nodes
 from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook, prefix_preference
+from node.client.types import payee
 from node.dial import first_reachable
 from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.errors import NoCircuit
@@ -123,10 +124,23 @@ class RoutableNode:
     # the last shard of a span it serves as one hop (register_node `shards` [shard … last],
     # protocol/spans.py); None: `shard` alone
     last: int | None = None
+    # a span's registered price on each of its shards, in order (it is paid per shard:
+    # `payees`); () for one shard (`price`)
+    shard_prices: tuple[int | None, ...] = field(default=(), compare=False)
 
     @property
     def addresses(self) -> tuple[str, ...]:
         return (self.endpoint, *self.alternates)
+
+    def payees(self) -> list[tuple[int, str, int | None]]:
+        """(shard, payee, registered price) of each shard it is paid for: its one shard at its
+        endpoint, or each shard of its span (node/client/types.py `payee`)."""
+        if self.last is None:
+            return [(self.shard, self.endpoint, self.price)]
+        return [
+            (shard, payee(self.endpoint, shard), price)
+            for shard, price in zip(self.span, self.shard_prices, strict=True)
+        ]
 
     @property
     def span(self) -> ShardSpan:
@@ -235,6 +249,7 @@ def routable_by_shard(
         capacity = entry.get("capacity")
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             capacity = 0
+        prices = tuple(chain_price(entry, shard) for shard in span)  # a span: paid per shard
         out[span.first].append(
             RoutableNode(
                 key,
@@ -242,23 +257,13 @@ def routable_by_shard(
                 span.first,
                 capacity,
                 grace=grace,
-                price=span_price(entry, span),
+                price=prices[0],
                 alternates=alternates_of(entry, endpoint, public_only),
                 last=None if span.size == 1 else span.last,
+                shard_prices=() if span.size == 1 else prices,
             )
         )
     return out
-
-
-def span_price(entry: dict[str, Any], span: ShardSpan) -> int | None:
-    """A hop's price on the chain: its shard's (`chain_price`); for a span, only when every
-    shard of it is free (0) — a charging span is paid per shard (docs/compute.md, *Span
-    hops*), which this gateway's payer does not do yet, so it counts as unpriced (None: routed
-    only while its /info says free)."""
-    if span.size == 1:
-        return chain_price(entry, span.first)
-    prices = [chain_price(entry, shard) for shard in span]
-    return 0 if all(price == 0 for price in prices) else None
 
 
 class Router:
@@ -379,7 +384,7 @@ class Router:
         fresh = checked is not None and time.monotonic() - checked < VERIFY_TTL_S
         if fresh:
             self._set_price(node)  # the chain's, refreshed with the list
-        if fresh and self.accept_price(node.price or 0):
+        if fresh and all(self.accept_price(p or 0) for _, _, p in node.payees()):
             return True  # (a price seen since by the background /info refresh counts)
         pin = self._pin(node)
         if pin is None:
@@ -410,16 +415,17 @@ class Router:
                 "node's /info price is not its registered one endpoint=%s registered=%s "
                 "advertised=%r",
                 node.endpoint,
-                "none" if node.price is None else node.price,
-                info.get("credit_positions"),
+                [p for _, _, p in node.payees()],
+                info.get("shard_prices") if node.last is not None else info.get("credit_positions"),
             )
             self.mark_failed(node)  # looked at again after the cooldown: prices change
             return False
-        if not self.accept_price(self.prices[node.endpoint]):
+        asked = [self.prices[name] for _, name, _ in node.payees()]
+        if not all(self.accept_price(price) for price in asked):
             log.info(
-                "node charges what this gateway does not pay endpoint=%s credit_positions=%d",
+                "node charges what this gateway does not pay endpoint=%s credit_positions=%s",
                 node.endpoint,
-                self.prices[node.endpoint],
+                asked,
             )
             self.mark_failed(node)  # looked at again after the cooldown: prices change
             return False
@@ -775,20 +781,31 @@ class Router:
     def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> bool:
         """The node's price is its registered one (`node.price`, from the chain); its /info
         is only checked against it (`price_trusted`). False: not a node to pay or route to."""
-        trusted = price_trusted(node.price, info.get("credit_positions", 0))
-        self._set_price(node if trusted else None, node.endpoint)
+        if node.last is None:
+            trusted = price_trusted(node.price, info.get("credit_positions", 0))
+        else:  # a span: each shard's registered price against its /info `shard_prices`
+            listed = info.get("shard_prices")
+            advertised = listed if isinstance(listed, dict) else {}
+            trusted = all(
+                price_trusted(price, advertised.get(str(shard), 0))
+                for shard, _, price in node.payees()
+            )
+        self._set_price(node if trusted else None, node)
         return trusted
 
-    def _set_price(self, node: RoutableNode | None, endpoint: str = "") -> None:
-        """`node`'s chain price into `prices` (a node with none, routed only while its /info
-        says free, at 0); None: `endpoint` is not to be paid, its entry goes."""
+    def _set_price(self, node: RoutableNode | None, of: RoutableNode | None = None) -> None:
+        """`node`'s chain price into `prices`, per payee (a span: each shard's; a node with
+        none, routed only while its /info says free, at 0); None: `of` is not to be paid, its
+        entries go."""
         if node is None:
-            self.prices.pop(endpoint, None)
-            self.parties.pop(endpoint, None)
-        else:
-            self.prices[node.endpoint] = node.price or 0
-            key = bytes.fromhex(node.key)
-            self.parties[node.endpoint] = node_party(key, self.model_hash, node.shard)
+            for _, name, _ in of.payees() if of is not None else ():
+                self.prices.pop(name, None)
+                self.parties.pop(name, None)
+            return
+        key = bytes.fromhex(node.key)
+        for shard, name, price in node.payees():
+            self.prices[name] = price or 0
+            self.parties[name] = node_party(key, self.model_hash, shard)
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

@@ -52,6 +52,8 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         "credit_positions": config.credit_positions
         if state.payments is None
         else state.payments.positions,
+        # a span hop's price of each of its shards (docs/compute.md, *Span hops*)
+        "shard_prices": getattr(state.payments, "shard_prices", lambda: None)(),
         "credits": None
         if state.payments is None
         else {

@@ -83,6 +83,9 @@ def shard_app(
 
         key = node_key.verify_key.encode()
         app[STATE_KEY].credit_party = node_party(key, backend.model_hash, backend.shard_id)
+        app[STATE_KEY].credit_parties = {
+            shard: node_party(key, backend.model_hash, shard) for shard in served_span(backend)
+        }
         app[STATE_KEY].node_key = key.hex()
     if node_key is not None and config.committee_rpc and config.credit_positions:
         from node.server.chain_price import follow_chain_price

@@ -45,6 +45,8 @@ class NodeState:
     # the assignment party credits paid to this node must name (protocol/committee/credit_holder.py
     # `node_party`: its committee key, model hash, shard); None: no node key, none checked
     credit_party: bytes | None = None
+    # a span hop's: the party of each of its shards (its credits are assigned per shard)
+    credit_parties: dict[int, bytes] = field(default_factory=dict)
     node_key: str | None = None  # its committee (and TLS) key, 64 hex: /info `node_key`
     forwards: int = 0
     # streams (node/server/stream.py)

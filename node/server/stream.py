@@ -39,6 +39,7 @@ from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.rendezvous import fronted_caller
 from node.server.sessions import PeerQuotaError, Session, short_tag
+from node.server.span_payments import SpanPayments
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from node.server.warm_targets import warm_targets
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
@@ -389,9 +390,15 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
     loop = asyncio.get_running_loop()
     # the credit goes back before a frame waiting for it gives up (`Payments.cover`)
     give_up = loop.time() + state.payments.wait_s / 2
+    per_shard = isinstance(state.payments, SpanPayments)  # a span: paid per shard
+    if control.shard is not None and not per_shard and control.shard != state.backend.shard_id:
+        raise CreditNotTakenError(identifier, f"this hop serves shard {state.backend.shard_id}")
     for delay in (*PAY_CHECK_RETRY_S, None):
         try:
-            await state.payments.accept(route.account, control.credit)
+            if per_shard:  # a shard it does not serve: refused by name (credit_refused)
+                await state.payments.accept(route.account, control.credit, control.shard)
+            else:
+                await state.payments.accept(route.account, control.credit)
             return
         # its validator does not answer (most often a blip: asked again while there is time),
         # answers an error, or answers a key period it cannot parse

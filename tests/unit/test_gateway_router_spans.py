@@ -69,12 +69,38 @@ def test_routable_by_shard_skips_a_span_that_is_not_contiguous_or_past_the_model
     }
 
 
-def test_routable_by_shard_prices_a_span_only_when_every_shard_is_free() -> None:
-    free = entry("aa", 1, [1, 2], prices={"1": 0, "2": 0})
+def test_routable_by_shard_prices_a_span_per_shard() -> None:
     paid = entry("bb", 2, [1, 2], prices={"1": 0, "2": 64})
-    grouped = routable_by_shard([free, paid], 3, public_only=False)
-    by_key = {n.key[:2]: n.price for n in grouped[1]}
-    assert by_key["bb"] is None  # charging spans are not paid by this gateway: unpriced
+    (node,) = routable_by_shard([paid], 3, public_only=False)[1]
+    assert node.shard_prices == (0, 64)
+    assert node.payees() == [
+        (1, "http://127.0.0.1:2#shard-1", 0),
+        (2, "http://127.0.0.1:2#shard-2", 64),
+    ]
+
+
+async def test_router_pays_a_span_per_shard_checked_against_its_info() -> None:
+    from node.client.paying import accepts_price
+
+    router = _router(
+        [entry("00", 1, [0], prices={"0": 0}), entry("12", 4, [1, 2], prices={"1": 8, "2": 16})]
+    )
+    router.accept_price = accepts_price(8)
+    info = {
+        "model_hash": router.model_hash,
+        "shard": 1,
+        "shards": [1, 2],
+        "layers": [2, 6],
+        "credit_positions": 8,
+        "shard_prices": {"1": 8, "2": 16},
+    }
+    (span,) = (await router.routable())[1]
+    assert router._note_price(span, info)
+    assert router.prices == {"http://127.0.0.1:4#shard-1": 8, "http://127.0.0.1:4#shard-2": 16}
+    assert set(router.parties) == set(router.prices)
+    # /info asking more than the chain's price on one shard: not paid, not routed
+    lying = {**info, "shard_prices": {"1": 8, "2": 4}}
+    assert not router._note_price(span, lying) and router.prices == {}
 
 
 async def test_router_prefers_the_span_and_covers_every_shard_once() -> None:

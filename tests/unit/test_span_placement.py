@@ -133,10 +133,10 @@ def test_cli_join_shards_with_shard_is_a_user_error() -> None:
     args = argparse.Namespace(shards=2, shard=1, rebalance=None, credit_positions=None)
     with pytest.raises(UsageError, match="give one of them"):
         _span_size(args, hosted=False)
-    args = argparse.Namespace(shards=2, shard=None, rebalance=None, credit_positions=8)
-    with pytest.raises(UsageError, match="serves free") as caught:
+    args = argparse.Namespace(shards=2, shard=None, rebalance=True, credit_positions=None)
+    with pytest.raises(UsageError, match="not rebalanced") as caught:
         _span_size(args, hosted=False)
-    assert caught.value.hint and "--free" in caught.value.hint
+    assert caught.value.hint and "--rebalance" in caught.value.hint
     args = argparse.Namespace(shards=2, shard=None, rebalance=None, credit_positions=None)
     with pytest.raises(UsageError, match="one shard"):
         _span_size(args, hosted=True)
