@@ -570,6 +570,7 @@ def _join(args: argparse.Namespace) -> int:
                 {
                     "model": model_hash,
                     "shard": shard,
+                    "shards": list(range(shard, (shard if last is None else last) + 1)),
                     "endpoint": joined.endpoint,
                     "node_key": key_hex,
                     "routable": not args.no_wait,
