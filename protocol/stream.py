@@ -17,7 +17,9 @@ the body's size is checked against count × hidden size before anything is decod
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)[, "assignment": 128 hex chars (its holder's assignment of it to this
-                    node on its model and shard, protocol/committee/credit_holder.py)]}
+                    node on its model and shard, protocol/committee/credit_holder.py)]
+                    [, "shard": the shard of a span hop it pays (protocol/spans.py; absent:
+                    the hop's first shard)]}
     node → node     {"op": "attach", "sid", "feed": token}
     node → peer     {"op": "opened" | "attached" | "closed", "sid"}
     node → client   {"op": "error", "sid", "code", "message"}
@@ -249,9 +251,9 @@ _NEXT_FIELDS: Final = (
 _OPEN_OPTIONAL: Final = frozenset({"prefix", "route", "ring", "back"})
 _OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "open": _OPEN_OPTIONAL,
-    "pay": frozenset(
-        {"assignment"}
-    ),  # a holder-bound credit's (protocol/committee/credit_holder.py)
+    # a holder-bound credit's (protocol/committee/credit_holder.py); the shard of a span hop
+    # it pays (docs/compute.md, *Span hops*)
+    "pay": frozenset({"assignment", "shard"}),
 }
 _CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
 
@@ -390,7 +392,8 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
                 credit = with_assignment(credit, parse_assignment(raw["assignment"], "assignment"))
         except TxDecodeError as error:
             raise BadControlError(error.reason) from None
-        return Control(op=op, sid=sid, credit=credit)
+        shard = None if "shard" not in raw else _int_field(raw, "shard", 2**16 - 1)
+        return Control(op=op, sid=sid, credit=credit, shard=shard)
     if op == "error":
         code, message = raw["code"], raw["message"]
         if not isinstance(code, str) or not _CODE_RE.fullmatch(code):
@@ -443,11 +446,14 @@ def open_message(
     return message
 
 
-def pay_message(sid: int, credit: PaidCredit) -> dict[str, Any]:
-    """A `pay` of `credit`, with its assignment when it is an `AssignedCredit`."""
-    message = {"op": "pay", "sid": sid, "credit": credit_json(credit)}
+def pay_message(sid: int, credit: PaidCredit, shard: int | None = None) -> dict[str, Any]:
+    """A `pay` of `credit`, with its assignment when it is an `AssignedCredit`, and the shard
+    it pays when the hop is a span (`shard`; None: the hop's one shard)."""
+    message: dict[str, Any] = {"op": "pay", "sid": sid, "credit": credit_json(credit)}
     if isinstance(credit, AssignedCredit):
         message["assignment"] = credit.assignment.hex()
+    if shard is not None:
+        message["shard"] = shard
     return message
 
 

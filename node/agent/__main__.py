@@ -42,6 +42,8 @@ from node.model.manifest import Manifest
 from node.procs import exit_process, run_service
 from protocol.committee.prices import MAX_PRICE_POSITIONS
 from protocol.committee.registry import Rendezvous, sign_registration
+from protocol.errors import UsageError
+from protocol.spans import ShardSpan, parse_span_arg
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -51,7 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m node.agent", description=__doc__)
     parser.add_argument("--home", type=Path, required=True, help="operator home (keys)")
     parser.add_argument("--manifest", type=Path, required=True, help="the model manifest")
-    parser.add_argument("--shard", type=int, required=True, help="shard index served")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--shard", type=int, help="shard index served")
+    which.add_argument(
+        "--shards", metavar="A-B", help="shards A to B served as one hop (a span), e.g. 1-2"
+    )
     parser.add_argument("--endpoint", required=True, help="the compute node's base URL")
     parser.add_argument("--capacity", type=int, default=64, help="max sessions (default 64)")
     parser.add_argument(
@@ -176,13 +182,22 @@ async def run(args: argparse.Namespace) -> int:
     wallet = load_wallet(args.home / "wallet.json", password)
     node_key = load_node_key(args.home / "node_key.json", password)
     manifest = Manifest.load(args.manifest)
-    manifest.shard(args.shard)  # refuses an unknown shard index
+    span = (
+        ShardSpan.one(args.shard)
+        if args.shards is None
+        else parse_span_arg(args.shards, shard_count=len(manifest.shards))
+    )
+    if span.size > 1 and args.rebalance:
+        raise UsageError("a span is not rebalanced", hint="drop --rebalance with --shards")
+    args.shard = span.first
+    for shard in span:
+        manifest.shard(shard)  # refuses an unknown shard index
     signer = node_key.verify_key.encode().hex()
     config = AgentConfig(
         evm_address=wallet.address,
         evm_signature=sign_registration(wallet.key, signer),
         model=manifest.model_hash,
-        shards=(args.shard,),
+        shards=span.shards,
         endpoint=args.endpoint.rstrip("/"),
         capacity=args.capacity,
         rendezvous=tuple(
@@ -200,11 +215,11 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     link = CommitteeLink(args.committee_rpc, node_key)
     log.info(
-        "agent starting node=%s address=%s model=%s shard=%d endpoint=%s",
+        "agent starting node=%s address=%s model=%s shards=%s endpoint=%s",
         signer[:16],
         wallet.address,
         manifest.model_hash,
-        args.shard,
+        span,
         config.endpoint,
     )
     async with aiohttp.ClientSession() as session:
@@ -216,6 +231,8 @@ async def run(args: argparse.Namespace) -> int:
             committer=committer,
         )
         _serve_shard(agent, link, args, manifest.model_hash, args.shard)
+        if span.size > 1:  # each shard of the span has its own price on the chain
+            agent.pricer = _span_pricer(link, args, manifest.model_hash, span)
         if args.auto_numerics:
             agent.numerics = NumericsKeeper(agent, link)
         if args.rebalance:
@@ -239,6 +256,26 @@ def _serve_shard(
         agent.redeemer.shard = shard
     elif args.credits_dir is not None:
         agent.redeemer = ShardSpools(link, model, args.credits_dir, shard, legacy_shard=shard)
+
+
+def _span_pricer(
+    link: CommitteeLink, args: argparse.Namespace, model: str, span: ShardSpan
+) -> SpanPrices | None:
+    """A price keeper per shard of a span (a span is priced and redeemed per shard)."""
+    if args.credit_positions is None:
+        return None
+    return SpanPrices([PriceKeeper(link, model, s, args.credit_positions) for s in span])
+
+
+class SpanPrices:
+    """The price keepers of a span's shards, stepped together."""
+
+    def __init__(self, keepers: list[PriceKeeper]) -> None:
+        self.keepers = keepers
+
+    async def step(self) -> None:
+        for keeper in self.keepers:
+            await keeper.step()
 
 
 def _rebalancer(

@@ -27,21 +27,13 @@ from typing import Any
 
 from node.agent.credit_locker import SpoolLocker
 from node.agent.credit_till import CreditTill, SpoolRedeemer
-from node.server.payments import CreditSpool
+from node.server.payments import CreditSpool, shard_spool, spool_base
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ShardSpools", "shard_spool", "spool_base", "spooled_shards"]
+
 _SHARD_DIR = re.compile(r"shard-(\d{1,5})")
-
-
-def shard_spool(base: Path, shard: int) -> Path:
-    """The spool directory of the process serving `shard`."""
-    return base / f"shard-{shard}"
-
-
-def spool_base(directory: Path) -> Path:
-    """The base of a compute node's `--credits-dir` (itself when it is not a shard's)."""
-    return directory.parent if _SHARD_DIR.fullmatch(directory.name) else directory
 
 
 def spooled_shards(base: Path) -> list[int]:

@@ -155,6 +155,14 @@ class Joined:
     node_log: str
     agent_log: str
     seats: str = ""  # a seat of a multi-model node: its seats file (node/server/host.py)
+    last: int | None = None  # a span's last shard (`planet join --shards N`): shard … last
+
+    @property
+    def pid_name(self) -> str:
+        """The node's pid file name in the run dir (node/server/launcher.py `start_node`)."""
+        return (
+            f"node-{self.shard}.pid" if self.last is None else f"node-{self.shard}-{self.last}.pid"
+        )
 
 
 def read_joined(run_dir: Path) -> Joined | None:
@@ -237,6 +245,7 @@ def start_node_and_agent(
     memory_budget_mb: int | None = None,
     into: Path | None = None,
     rendezvous: Sequence[FrontedBy] = (),
+    last: int | None = None,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
@@ -251,7 +260,12 @@ def start_node_and_agent(
     file `<home>/run/seats.json`) with this one seat; `into`: the seats file of another home's
     running host, which takes this node as one more seat (`planet join --into`).
     `rendezvous`: the node is behind NAT: it links to these relays (`--rendezvous`) and is
-    registered at its address on the first of them, with all of them named."""
+    registered at its address on the first of them, with all of them named. `last`: the node
+    serves shards `shard` … `last` as one hop (a span: `--shards`), registered and priced on
+    each of them, its credits spooled per shard; never rebalanced, not a seat (`planet join`
+    checks)."""
+    if last is not None and (rebalance or memory_budget_mb or into):
+        raise ValueError("a span is started without rebalancing, outside a host")
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(
@@ -275,6 +289,7 @@ def start_node_and_agent(
         node = start_node(
             manifest=manifest_file,
             shard=shard,
+            last=last,
             port=port,
             host=host,
             run_dir=run_dir,
@@ -293,7 +308,7 @@ def start_node_and_agent(
         sys.executable, "-m", AGENT_MARKER,
         "--home", str(home),
         "--manifest", str(manifest_file),
-        "--shard", str(shard),
+        *(["--shard", str(shard)] if last is None else ["--shards", f"{shard}-{last}"]),
         "--endpoint", node_url,
         "--capacity", str(capacity),
         "--commit-dir", str(run_dir / SERVED_DIR),
@@ -321,6 +336,7 @@ def start_node_and_agent(
         node_log=str(node_log),
         agent_log=str(agent_log),
         seats=seats,
+        last=last,
     )
     (run_dir / "agent.pid").write_text(f"{agent.pid}\n")
     (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
@@ -445,6 +461,6 @@ def stop_joined(run_dir: Path, *, node: bool = True) -> dict[str, Any]:
         stopped["node"] = leave_seat(Path(joined.seats), joined.port, joined.node_pid)
     else:
         stopped["node"] = stop_pid(joined.node_pid, 5.0)
-    for name in (JOINED_FILE, "agent.pid", f"node-{joined.shard}.pid"):
+    for name in (JOINED_FILE, "agent.pid", joined.pid_name):
         (run_dir / name).unlink(missing_ok=True)
     return stopped

@@ -30,8 +30,16 @@ it as `MalformedPoolAnswer`, naming the field (a `speed` that is not null or an 
 [1, 100 000] included; a `rebalances` that is not absent, true or false too). Pure: no I/O,
 no clock; `read_pool` takes any object with the `CommitteeLink.query` coroutine.
 
-Not here (issue 44, later): spans of several consecutive shards in one process, several models
-in one node. Rebalancing a running node: rebalance.py (the rule, over `pool_supply`), mover.py.
+**Spans** (`planet join --shards N`): a node may serve N consecutive shards as one hop
+(node/server/span_backend.py). `choose_span` takes the window of N consecutive shards that is
+weakest by the same key: its shards' keys, weakest first, compared in order (so the window
+holding the weakest shard wins, then the one whose second-weakest is weaker, …), ties to the
+lowest first shard. `--shards auto` takes one shard: a span needs the node's own measured speed
+against its replicas' and a memory budget that holds every shard of it, which a joining node
+does not know yet (it says so in its reason); give `--shards N` to serve more.
+
+Several models in one node: node/server/host.py. Rebalancing a running node: rebalance.py (the
+rule, over `pool_supply`; a span is not moved), mover.py.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_pages import BadPage, TooManyPages, read_nodes
 from protocol.errors import ProtocolError, UsageError
+from protocol.spans import ShardSpan
 from protocol.speeds import MAX_SPEED, MIN_SPEED, is_speed
 
 MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
@@ -115,7 +124,8 @@ class ShardSupply:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """The shard chosen, the pool it was chosen from, and the one-line reason."""
+    """The shard chosen (a span's first, with `last`), the pool it was chosen from, and the
+    one-line reason."""
 
     model: str
     shard: int
@@ -123,11 +133,17 @@ class Placement:
     measured: bool  # throughput is measured speed (else: counts of routable replicas)
     reason: str
     basis: str = ""  # whether speeds were measured, in words (`speed_basis`)
+    last: int | None = None  # a span's last shard (`choose_span`); None: `shard` alone
+
+    @property
+    def span(self) -> ShardSpan:
+        return ShardSpan(self.shard, self.shard if self.last is None else self.last)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "shard": self.shard,
+            "span": list(self.span.shards),
             "shards": len(self.supply),
             "measured": self.measured,
             "reason": self.reason,
@@ -318,6 +334,58 @@ def choose_shard(
             f"{_amount(slowest, measured)}, at or above it)"
         )
     return Placement(model, weakest.shard, supply, measured, reason, basis)
+
+
+AUTO_SPAN_REASON = (
+    "one shard: a span needs this node's measured speed against its replicas' and a memory "
+    "budget that holds every shard of it, which a joining node does not know yet; "
+    "--shards N serves N"
+)
+
+
+def choose_span(
+    model: str,
+    shard_count: int,
+    nodes: Sequence[PoolNode],
+    size: int,
+    *,
+    own_key: str | None = None,
+    speeds: Mapping[str, int] | None = None,
+    floor: int = DEFAULT_REPLICA_FLOOR,
+) -> Placement:
+    """The `size` consecutive shards a new node of `model` should serve as one hop (module
+    docstring, *Spans*), and why; `size` 1 is `choose_shard`."""
+    if size == 1:
+        return choose_shard(model, shard_count, nodes, own_key=own_key, speeds=speeds, floor=floor)
+    if shard_count == 0:
+        raise ModelNotRegistered(model)
+    if not 1 <= size <= min(shard_count, MAX_SHARDS_PER_NODE):
+        raise UsageError(
+            f"--shards {size}: the model has {shard_count} shards",
+            hint=f"serve 1 to {min(shard_count, MAX_SHARDS_PER_NODE)} consecutive shards",
+        )
+    if speeds is None:
+        speeds = pool_speeds(nodes)
+    supply, measured = pool_supply(nodes, shard_count, speeds)
+    basis = speed_basis(nodes, speeds, measured)
+    own = next((n for n in nodes if n.key == own_key), None) if own_key else None
+    if own is not None and len(own.shards) == size and own.shards[-1] < shard_count:
+        span = ShardSpan(own.shards[0], own.shards[-1])
+        reason = f"shards {span} of {shard_count}: this node key is already registered for them"
+        return Placement(model, span.first, supply, measured, reason, basis, last=span.last)
+
+    def key(s: ShardSupply) -> tuple[bool, int, int, int]:
+        return (s.replicas + s.pending >= floor, s.throughput, s.pending, s.shard)
+
+    windows = [supply[first : first + size] for first in range(shard_count - size + 1)]
+    chosen = min(windows, key=lambda w: (sorted(key(s)[:3] for s in w), w[0].shard))
+    weakest = min(chosen, key=key)
+    span = ShardSpan(chosen[0].shard, chosen[-1].shard)
+    reason = (
+        f"shards {span} of {shard_count} as one hop: the {size} consecutive shards that are "
+        f"weakest together; its weakest, {_reason(weakest, supply, measured)}"
+    )
+    return Placement(model, span.first, supply, measured, reason, basis, last=span.last)
 
 
 # -- the reason, in one line ---------------------------------------------------------------------

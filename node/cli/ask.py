@@ -320,7 +320,7 @@ async def _ask(
     configure_torch_threads(0)
     head = ClientHead.load(nodes.manifest, device="cpu")
     prompt_ids = head.chat_ids([{"role": "user", "content": args.prompt}])
-    hops = [Hop(url=n.url, shard=n.shard, key=n.key) for n in nodes.nodes]
+    hops = [Hop(url=n.url, shard=n.shard, key=n.key, last=n.last) for n in nodes.nodes]
     plaintext = bool(args.plaintext_links)
     timings = Timings()
     speculation = SpeculationConfig(lookahead=args.speculate) if args.speculate else None
@@ -411,7 +411,12 @@ async def _ask(
         "tokens": tokens,
         "timings": timings.to_json(),
         "circuit": [
-            {"url": hop.url, "shard": hop.shard, "layers": list(expected[hop.shard][1])}
+            {
+                "url": hop.url,
+                "shards": list(hop.span.shards),
+                "shard": hop.shard,
+                "layers": [expected[hop.shard][1][0], expected[hop.span.last][1][1]],
+            }
             for hop in final
         ],
         "model": manifest.model_id,

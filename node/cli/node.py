@@ -19,6 +19,7 @@ examples:
   PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \\
       --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
   planet node serve --manifest M --shard 0 --plaintext-links    # loopback tests, local only
+  planet node serve --manifest M --shards 1-2 --node-key K       # shards 1 and 2 as one hop
 
 links: TLS 1.3 whose certificate key is the node key (--node-key), so a client that knows the
 key the node registered (the committee, a nodes file) can check it is talking to this node;

@@ -65,7 +65,9 @@ pool answers no faster than its weakest shard. join asks the committee which nod
 shard of the model and takes the weakest: a shard nobody serves first, then the one with the
 fewest routable nodes (ties: fewer nodes still joining, then the lowest index), and prints
 why, e.g. "shard 2 of 3: it has 0 routable nodes (shards 0 and 1 have 1 each)". A node key
-already registered keeps its shard. One shard per node.
+already registered keeps its shard. --shards N takes the N consecutive shards that are weakest
+together and serves them as one hop (a span, one process, one endpoint), priced and paid per
+shard (each shard at the price, each redeemed on its shard); a span is not rebalanced.
 rebalancing: a node placed automatically keeps watching the pool and moves to another shard
 when that gains (a shard with nobody, one below the chain's replica floor while its own keeps
 the floor, or a clear raise of the weakest shard), at most once per 10 minutes, after a delay
@@ -115,6 +117,18 @@ def parse_shard(text: str) -> int | None:
     if not 0 <= shard < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shard index (0-65535) or auto")
     return shard
+
+
+def parse_span_size(text: str) -> int | None:
+    """--shards: how many consecutive shards to serve as one hop (1-256), or `auto` (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isascii() or not text.strip().isdigit() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count of shards (1-256) or auto; a range is `planet node serve "
+            "--shards A-B`"
+        )
+    return int(text)
 
 
 def format_eth(wei: int) -> str:
@@ -167,6 +181,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K|auto",
         help="shard index to serve, or auto (the default): the weakest shard of the pool, "
         "as the committee lists it (see below)",
+    )
+    join.add_argument(
+        "--shards",
+        type=parse_span_size,
+        default=0,
+        metavar="N|auto",
+        help="serve N consecutive shards as one hop (a span: fewer hops for a fast machine), "
+        "the N the pool lacks most together; auto: one shard (a span needs a measured speed "
+        "and memory for it, said when chosen). Not with --shard",
     )
     join.add_argument(
         "--rebalance",
@@ -471,17 +494,24 @@ def _join(args: argparse.Namespace) -> int:
     key_hex = node_key.verify_key.encode().hex()
     placement = None
     hosted = args.memory_budget_mb is not None or into is not None
+    size = _span_size(args, hosted)
+    from node.agent.placement import AUTO_SPAN_REASON  # lazy: the committee pages reader
+
     if args.shard is None:
-        placement = place(config, model_hash, len(registered), key_hex)
+        placement = place(config, model_hash, len(registered), key_hex, size=size or 1)
         _say(f"placement: {placement.reason}; {placement.basis}")
+        if size is None:
+            _say(f"  --shards auto: {AUTO_SPAN_REASON}")
     shard: int = placement.shard if placement is not None else args.shard
-    _say(f"checking shard {shard} of {model_hash} against the ModelRegistry…")
-    entry = check_registered(manifest_file, shard, registered).shard(shard)
-    if not (manifest_file.parent / entry.file).is_file() or args.peer:
-        serving = _serving_peers(config, model_hash, shard)
-        peers = [*args.peer, *serving]
-        fetch_with_progress(manifest_file, shard, peers, args.origin, keys=serving)
-    manifest = check_shard(manifest_file, shard, registered)
+    last = placement.last if placement is not None else None
+    for each in range(shard, (shard if last is None else last) + 1):
+        _say(f"checking shard {each} of {model_hash} against the ModelRegistry…")
+        entry = check_registered(manifest_file, each, registered).shard(each)
+        if not (manifest_file.parent / entry.file).is_file() or args.peer:
+            serving = _serving_peers(config, model_hash, each)
+            peers = [*args.peer, *serving]
+            fetch_with_progress(manifest_file, each, peers, args.origin, keys=serving)
+        manifest = check_shard(manifest_file, each, registered)
     view = _committee_view(config, key_hex)
     if view is not None and view.get("status") == "LEFT":
         raise UsageError(
@@ -516,7 +546,9 @@ def _join(args: argparse.Namespace) -> int:
         private_range=config.next_hop_range,
         credit_positions=price,
         rebalance=not hosted
+        and last is None
         and (args.rebalance if args.rebalance is not None else placement is not None),
+        last=last,
         origin=args.origin,
         memory_budget_mb=args.memory_budget_mb,
         into=into,
@@ -538,6 +570,7 @@ def _join(args: argparse.Namespace) -> int:
                 {
                     "model": model_hash,
                     "shard": shard,
+                    "shards": list(range(shard, (shard if last is None else last) + 1)),
                     "endpoint": joined.endpoint,
                     "node_key": key_hex,
                     "routable": not args.no_wait,
@@ -597,7 +630,32 @@ def _host_seats(args: argparse.Namespace, run_dir: Path) -> Path | None:
     return seats
 
 
-def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement:
+def _span_size(args: argparse.Namespace, hosted: bool) -> int | None:
+    """--shards: the span's size (1: one shard; None: auto, one shard), checked against the
+    flags it does not go with."""
+    size: int | None = args.shards
+    if size == 0:  # not given
+        return 1
+    if args.shard is not None:
+        raise UsageError(
+            "--shard K names one shard, --shards N a count: give one of them",
+            hint="--shards N places N consecutive shards where the pool lacks them",
+        )
+    if size is not None and size > 1:
+        if hosted:
+            raise UsageError(
+                "a seat of a multi-model host serves one shard",
+                hint="join a span without --memory-budget-mb/--into",
+            )
+        if args.rebalance:
+            raise UsageError(
+                "a span is not rebalanced (a move takes one shard to another)",
+                hint="drop --rebalance, or join one shard",
+            )
+    return size
+
+
+def place(config: Any, model_hash: str, shard_count: int, key: str, *, size: int = 1) -> Placement:
     """--shard auto: the shard of the model's pool (`shard_count` shards in the ModelRegistry)
     that raises its throughput most, from the committee's list of the model's compute nodes
     (node/agent/placement.py); `key`, this home's node key, keeps the shard it is registered
@@ -606,7 +664,7 @@ def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement
         DEFAULT_REPLICA_FLOOR,
         MalformedPoolAnswer,
         PoolNode,
-        choose_shard,
+        choose_span,
         read_floor,
         read_pool,
     )
@@ -633,7 +691,7 @@ def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement
                 hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
                 + "; or pick the shard yourself: --shard K",
             ) from None
-    return choose_shard(model_hash, shard_count, nodes, own_key=key, floor=floor)
+    return choose_span(model_hash, shard_count, nodes, size, own_key=key, floor=floor)
 
 
 def _parse_host(given: str) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from protocol.errors import ProtocolError, UsageError
+from protocol.spans import parse_span_arg
 from protocol.spotcheck import DEFAULT_RATE_PPM, SelectionError, check_rate
 
 if TYPE_CHECKING:
@@ -31,7 +32,13 @@ def _finite(text: str) -> float:
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The arguments of `planet node serve`, also those of one seat of `planet node host`."""
     serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
-    serve.add_argument("--shard", type=int, required=True, help="shard id to serve")
+    which = serve.add_mutually_exclusive_group(required=True)
+    which.add_argument("--shard", type=int, help="shard id to serve")
+    which.add_argument(
+        "--shards",
+        metavar="A-B",
+        help="serve shards A to B as one hop (a span: fewer hops for a fast machine), e.g. 1-2",
+    )
     serve.add_argument("--port", type=int, default=18100, help="TCP port (default 18100)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
@@ -363,9 +370,14 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
             f"no manifest at {args.manifest}",
             hint="prepare the model first: planet model prepare --parts 3",
         )
+    first, last = args.shard, None
+    if args.shards is not None:
+        span = parse_span_arg(args.shards)
+        first, last = span.first, span.last
     config = ServerConfig(
         manifest_path=args.manifest,
-        shard_id=args.shard,
+        shard_id=first,
+        last_shard=last,
         host=args.host,
         port=args.port,
         device=args.device,

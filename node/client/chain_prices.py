@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from node.client.types import Hop
+from node.client.types import Hop, payee
 
 MAX_PRICE = 2**31  # positions per credit, exclusive (protocol.committee.prices)
 
@@ -83,8 +83,10 @@ def prices_for(entries: Iterable[Any], hops: Sequence[Hop]) -> dict[str, int | N
     for hop in hops:
         entry = by_key.get(hop.key.lower()) if hop.key else by_endpoint.get(_origin(hop.url) or "")
         shards = entry.get("shards") if entry is not None else None
-        serves = isinstance(shards, list) and hop.shard in shards
-        out[hop.url] = chain_price(entry, hop.shard) if entry is not None and serves else None
+        for shard in hop.span:  # a span hop is priced per shard (`payee`: URL#shard-K)
+            name = hop.url if hop.span.size == 1 else payee(hop.url, shard)
+            serves = isinstance(shards, list) and shard in shards
+            out[name] = chain_price(entry, shard) if entry is not None and serves else None
     return out
 
 

@@ -47,7 +47,7 @@ import aiohttp
 import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_prefix_salt, hop_tag
-from node.client.paying import CreditPayer, UnpaidError
+from node.client.paying import CreditPayer, UnpaidError, payee
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
@@ -197,7 +197,12 @@ class _Link:
         into the wallet with it. Not a session error: the session goes on or failed anyway."""
         identifier = not_taken_id(message)
         payer = self.client.payer
-        if identifier is None or payer is None or not payer.give_back(sid, self.index, identifier):
+        slots = self.client.slots_of.get(self.index, [self.index])
+        if (
+            identifier is None
+            or payer is None
+            or not any(payer.give_back(sid, slot, identifier) for slot in slots)
+        ):
             log.warning("node %s: a credit not taken, unknown here: %s", self.hop.url, message)
         elif sid not in self.client.outputs and not payer.pending(sid):
             self.client.paid_sids.discard(sid)  # a closed session, every credit settled
@@ -207,7 +212,12 @@ class _Link:
         (`CreditPayer.not_assigned`); a holder-bound one goes back into the wallet."""
         identifier = not_assigned_id(message)
         payer = self.client.payer
-        if identifier and payer is not None and payer.not_assigned(sid, self.index, identifier):
+        slots = self.client.slots_of.get(self.index, [self.index])
+        if (
+            identifier
+            and payer is not None
+            and any(payer.not_assigned(sid, slot, identifier) for slot in slots)
+        ):
             log.info("node %s: a credit not assigned to it is back in the wallet", self.hop.url)
         else:
             log.warning("node %s: a credit not assigned, not given back: %s", self.hop.url, message)
@@ -331,6 +341,15 @@ class CircuitClient:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
         self.hops = tuple(hops)
+        # who is paid: one payee per hop, a span hop one per shard (`payee`: its URL, or its
+        # URL and shard), each a slot of the payer's (sid, slot) tallies
+        self.payees: list[tuple[int, int | None, str]] = []  # (hop index, span shard, payee)
+        self.slots_of: dict[int, list[int]] = {}
+        for index, hop in enumerate(self.hops):
+            shards = [None] if hop.span.size == 1 else list(hop.span.shards)
+            for shard in shards:
+                self.slots_of.setdefault(index, []).append(len(self.payees))
+                self.payees.append((index, shard, payee(hop.url, shard)))
         self.hidden_size = hidden_size
         self.codec = codec
         if dtype not in DTYPES:
@@ -454,7 +473,8 @@ class CircuitClient:
             return
         links = self.links
 
-        def opened(sid: int, hop: int) -> bool:
+        def opened(sid: int, slot: int) -> bool:
+            hop = self.payees[slot][0]
             return sid in links[hop].opened or links[hop].reader.done()
 
         mine = self.paid_sids  # this circuit's sessions: others sharing the payer run on
@@ -472,7 +492,10 @@ class CircuitClient:
         node: its positions go there unpaid, and its `payment_required` is this client's own
         doing (`UnpaidError`, final). With a payer every charging hop is paid ahead of each
         frame, so a refusal means the hop did not count what it was paid: its failure."""
-        return self.payer is None and self.known_prices.get(self.hops[index].url, 0) > 0
+        return self.payer is None and any(
+            self.known_prices.get(self.payees[slot][2], 0) > 0
+            for slot in self.slots_of.get(index, [])
+        )
 
     # ------------------------------------------------------------------------------- tokens
     def capabilities(self, secret: str) -> list[str]:
@@ -583,7 +606,8 @@ class CircuitClient:
         self._sent.pop(sid, None)
         self.ring_sids.discard(sid)
         if self.payer is not None:
-            self.payer.forget(sid, {i for i, link in enumerate(self.links) if sid in link.opened})
+            opened = {i for i, link in enumerate(self.links) if sid in link.opened}
+            self.payer.forget(sid, {s for s, (i, _, _) in enumerate(self.payees) if i in opened})
             if not self.payer.pending(sid):
                 self.paid_sids.discard(sid)
         for link in self.links:
@@ -623,11 +647,12 @@ class CircuitClient:
         return features[0].ring and all(f.ring_back for f in features[1:])
 
     async def pay_upto(self, sid: int, targets: Sequence[int]) -> None:
-        """Pay every charging hop i so that `targets[i]` positions of `sid` are paid there (the
-        ring pays ahead of the loop: node/client/ring.py)."""
+        """Pay every charging payee i (a hop, or one shard of a span hop: `payees`) so that
+        `targets[i]` positions of `sid` are paid there (the ring pays ahead of the loop:
+        node/client/ring.py)."""
         if self.payer is None:
             return
-        urls = [hop.url for hop in self.hops]
+        urls = [name for _, _, name in self.payees]  # a span hop: one payee per shard
         owed = self.payer.due_each(sid, urls, list(targets))
         if any(owed):
             await self._send_credits(sid, urls, owed)
@@ -637,25 +662,28 @@ class CircuitClient:
         client's own link to it (ahead of the frame: the first hop reads the `pay` first)."""
         assert self.payer is not None
         sent = self._sent.get(sid, 0) + count
-        urls = [hop.url for hop in self.hops]
+        urls = [name for _, _, name in self.payees]  # a span hop: one payee per shard
         owed = self.payer.due(sid, urls, sent)
         if any(owed):
             await self._send_credits(sid, urls, owed)
         self._sent[sid] = sent
 
     async def _send_credits(self, sid: int, urls: list[str], owed: list[int]) -> None:
+        """Send `owed[slot]` credits to each payee slot (a hop, or one shard of a span hop), on
+        the client's own link to its hop."""
         assert self.payer is not None
-        for index, credits in enumerate(self.payer.take(owed)):
+        for slot, credits in enumerate(self.payer.take(owed)):
+            index, shard, _ = self.payees[slot]
             for credit in credits:
                 try:
-                    given = self.payer.to_hop(urls[index], credit)
-                    await self.links[index].ws.send_json(pay_message(sid, given))
+                    given = self.payer.to_hop(urls[slot], credit)
+                    await self.links[index].ws.send_json(pay_message(sid, given, shard))
                 except (ConnectionError, RuntimeError) as error:
                     self.blame_hop(sid, index)
                     raise UnavailableError(
                         f"node {self.hops[index].url} stream failed: {error}"
                     ) from None
-                self.payer.paid(sid, index, urls[index], credit)
+                self.payer.paid(sid, slot, urls[slot], credit)
                 self.paid_sids.add(sid)
 
     async def receive(

@@ -145,6 +145,12 @@ async def check_circuit(
             raise ConfigError(
                 f"node {hop.url} serves shard {str(info.get('shard'))[:20]}, expected {hop.shard}"
             )
+        if info.get("shards", [hop.shard]) != list(hop.span.shards):
+            raise ConfigError(
+                f"node {hop.url} serves shards {str(info.get('shards'))[:40]}, "
+                f"expected {list(hop.span.shards)}",
+                hint="list a span node once, with its first shard and `last`",
+            )
         layers = info.get("layers")
         if (
             not isinstance(layers, list)

@@ -4,6 +4,10 @@
      "nodes": [{"url": "https://10.0.0.7:18100", "shard": 0, "layers": [0, 10],
                 "key": "<the node key, 64 hex>"}, ...]}
 
+A node that serves a span of shards as one hop (`planet node serve --shards 1-2`) is listed once
+with its first shard, `"last"` its last shard and the span's layers:
+`{"url": …, "shard": 1, "last": 2, "layers": [10, 30]}`.
+
 `key` is the node's ed25519 node key: an https:// node must prove it in its TLS handshake
 (node/links.py), so it is required there; an http:// node (local mode, `planet local up`
 writes `http://127.0.0.1:…`) needs none. An optional top-level `"committee_rpc": URL` names
@@ -48,6 +52,7 @@ class NodeRef:
     shard: int
     layers: tuple[int, int]
     key: str | None = None  # node key (64 hex), required for an https:// url
+    last: int | None = None  # a span's last shard (served as one hop with `shard` … `last`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,7 @@ class NodesFile:
             "nodes": [
                 {"url": n.url, "shard": n.shard, "layers": list(n.layers)}
                 | ({} if n.key is None else {"key": n.key})
+                | ({} if n.last is None else {"last": n.last})
                 for n in self.nodes
             ],
         }
@@ -185,9 +191,14 @@ def _node(raw: Any, index: int) -> NodeRef:
             raise ValueError(f"nodes[{index}].key must be 64 lower-case hex characters") from None
     elif is_encrypted(url):
         raise ValueError(f"nodes[{index}] is an https:// node: give its node key as `key`")
+    shard = _int(raw["shard"], f"nodes[{index}].shard")
+    last = raw.get("last")
+    if last is not None and (_int(last, f"nodes[{index}].last") < shard):
+        raise ValueError(f"nodes[{index}].last must be >= its shard ({shard}), got {last}")
     return NodeRef(
         url=url,
-        shard=_int(raw["shard"], f"nodes[{index}].shard"),
+        shard=shard,
         layers=(_int(layers[0], "layers[0]"), _int(layers[1], "layers[1]")),
         key=key,
+        last=last,
     )

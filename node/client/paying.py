@@ -53,6 +53,7 @@ from typing import Any
 
 from node.client.credit_sizes import MIN_POSITIONS as MIN_POSITIONS  # re-exported
 from node.client.credit_wallet import CreditWallet
+from node.client.types import payee as payee  # re-exported
 from protocol.credits import (
     CLIENT_MARGIN_BLOCKS,
     NODE_MARGIN_BLOCKS,

@@ -46,7 +46,7 @@ from node.client.costs import CostBook, prefix_preference
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import NodeReader, node_info
-from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
+from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price, payee
 from node.client.types import Hop
 from protocol.committee.credit_holder import node_party
 from protocol.committee.grammar import HEX64
@@ -95,15 +95,21 @@ class ReplicaCircuits:
         self.prompt = None if prompt is None else list(prompt)
         self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
         self.expected = dict(expected)
+        # hops by the first shard they serve (a span hop: shards hop.shard … hop.last)
         self.by_shard: dict[int, list[Hop]] = {shard: [] for shard in sorted(self.expected)}
         for hop in nodes:
-            if hop.shard not in self.by_shard:
-                raise ConfigError(f"node {hop.url} serves shard {hop.shard}, not in the model")
+            if hop.shard not in self.by_shard or hop.span.last not in self.by_shard:
+                raise ConfigError(f"node {hop.url} serves shards {hop.span}, not in the model")
             if hop not in self.by_shard[hop.shard]:
                 self.by_shard[hop.shard].append(hop)
-        empty = [shard for shard, hops in self.by_shard.items() if not hops]
-        if empty:
-            raise ConfigError(f"no node serves shard {empty[0]}")
+        if self._covering(lambda hop: True) is None:
+            served = {shard for hops in self.by_shard.values() for h in hops for shard in h.span}
+            empty = [shard for shard in self.by_shard if shard not in served]
+            raise ConfigError(
+                f"no node serves shard {empty[0]}"
+                if empty
+                else "no chain of the nodes' shards and spans covers every shard"
+            )
         self.hidden_size = hidden_size
         self.codec = codec
         self.dtype = dtype
@@ -162,14 +168,15 @@ class ReplicaCircuits:
         """What `hop`'s /info says, read by the caller `rtt_s` ago (`planet ask` reads the
         circuit's to check it first: not read twice, which over relays is a link each)."""
         self.costs.observe_info(hop.url, info, rtt_s)
-        price = info.get("credit_positions", 0)
-        self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
-        self._check_price(hop.url, price)
-        model_hash, layers = self.expected[hop.shard]
+        for name, price in _advertised(hop, info).items():  # a span hop: one price per shard
+            self.prices[name] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
+            self._check_price(name, price)
+        model_hash, layers = self.span_expected(hop)
         if (
             info.get("model_hash") != model_hash
             or info.get("shard") != hop.shard
             or info.get("layers") != list(layers)
+            or info.get("shards", [hop.shard]) != list(hop.span.shards)
         ):
             log.warning("node serves something else; not used url=%s", hop.url)
             self._wrong.add(hop)
@@ -181,7 +188,8 @@ class ReplicaCircuits:
         /info announces (a node that names another's key only pays that other node)."""
         key = hop.key or announced
         if self.payer is not None and isinstance(key, str) and HEX64.match(key):
-            self.payer.parties[hop.url] = node_party(bytes.fromhex(key), model_hash, hop.shard)
+            for shard, name in _payees(hop):
+                self.payer.parties[name] = node_party(bytes.fromhex(key), model_hash, shard)
 
     def _check_price(self, url: str, advertised: object) -> None:
         """`checked[url]`: the price this client may pay the node asking `advertised`."""
@@ -209,30 +217,98 @@ class ReplicaCircuits:
     def _can_pay(self, hop: Hop) -> bool:
         """Whether this client pays what `hop` asks: nothing (no credits), or a checked price
         no dearer than its floor."""
+        names = [name for _, name in _payees(hop)]
         if self.payer is None:
-            return self.prices.get(hop.url, 0) == 0
-        price = self.checked.get(hop.url)
-        return price is not None and self._payable(price)
+            return all(self.prices.get(name, 0) == 0 for name in names)
+        prices = [self.checked.get(name) for name in names]
+        return all(price is not None and self._payable(price) for price in prices)
 
     def _avoided(self, hop: Hop) -> bool:
         until = self._avoid.get(hop.url)
         return until is not None and until > self._clock()
+
+    def span_expected(self, hop: Hop) -> tuple[str, tuple[int, int]]:
+        """(model hash, layer range) a node must announce for `hop`'s shards."""
+        model_hash, first_layers = self.expected[hop.shard]
+        last_layers = self.expected[hop.span.last][1]
+        return model_hash, (first_layers[0], last_layers[1])
+
+    def _covering(
+        self, allowed: Callable[[Hop], bool], first: int = 0, last: int | None = None
+    ) -> dict[int, bool] | None:
+        """For every shard s in `first` … `last` (default: the model's last): whether hops that
+        `allowed` lets through, one after another, cover s … `last` (a span hop covers its
+        shards at once); None when they do not cover `first`."""
+        end = (max(self.by_shard) if last is None else last) + 1
+        reach = {end: True}
+        for shard in range(end - 1, first - 1, -1):
+            reach[shard] = any(
+                reach.get(hop.span.last + 1, False)
+                for hop in self.by_shard.get(shard, [])
+                if allowed(hop)
+            )
+        return reach if reach[first] else None
 
     def pick(
         self,
         shard: int,
         exclude: frozenset[str] = frozenset(),
         prefer: Callable[[Hop], int] | None = None,
+        *,
+        until: int | None = None,
+        reach: Mapping[int, bool] | None = None,
     ) -> Hop:
-        """The node for `shard`: by cost among the usable ones this client can pay (module
-        docstring); an avoided or excluded node only when nothing else serves the shard, one
-        it cannot pay only when no other is usable."""
-        hops = [h for h in self.by_shard[shard] if h not in self._wrong] or self.by_shard[shard]
+        """The hop that starts at `shard`: by cost among the usable ones this client can pay
+        (module docstring); an avoided or excluded node only when nothing else serves the
+        shard, one it cannot pay only when no other is usable. Among usable, payable, not
+        overloaded ones a span (fewer hops) comes first, the longest that ends by `until`
+        (default: the last shard) and from whose end `reach` goes on."""
+        last = max(self.by_shard) if until is None else until
+
+        def fits(hop: Hop) -> bool:
+            end = hop.span.last
+            return end <= last and (end == last or reach is None or reach.get(end + 1, False))
+
+        every = [h for h in self.by_shard[shard] if fits(h)]
+        hops = [h for h in every if h not in self._wrong] or every
         usable = [h for h in hops if h.url not in exclude and not self._avoided(h)]
         payable = [h for h in usable if self._can_pay(h)]
+        light = [h for h in payable if not self.costs.overloaded(h.url)]
+        if light:  # fewer hops when a span's load allows
+            longest = max(h.span.size for h in light)
+            payable = [h for h in light if h.span.size == longest]
         chosen = self.costs.choose(payable or usable or hops, _url, prefer)
-        assert chosen is not None  # every shard has a node (checked in __init__)
+        assert chosen is not None  # a cover exists (checked in __init__)
         return chosen
+
+    def cover(
+        self,
+        first: int,
+        last: int,
+        exclude: frozenset[str] = frozenset(),
+        upstream: Sequence[Hop] = (),
+    ) -> list[Hop]:
+        """Hops that run shards `first` … `last` in order (singles and spans), picked one
+        start after another (`pick`)."""
+        good = self._covering(lambda h: h not in self._wrong, first, last)
+        usable = self._covering(
+            lambda h: h not in self._wrong and h.url not in exclude and not self._avoided(h),
+            first,
+            last,
+        )
+        anything = self._covering(lambda h: True, first, last)
+        reach = usable or good or anything
+        picked: list[Hop] = []
+        shard = first
+        while shard <= last:
+            prefer = None
+            if self.prompt is not None:
+                seen = [hop.url for hop in (*upstream, *picked)]
+                prefer = prefix_preference(self.costs, self.prompt, seen, _url)
+            hop = self.pick(shard, exclude, prefer, until=last, reach=reach)
+            picked.append(hop)
+            shard = hop.span.last + 1
+        return picked
 
     def fail(self, hop: Hop) -> None:
         log.warning("node failed; avoided for %g s url=%s", self.avoid_s, hop.url)
@@ -256,19 +332,15 @@ class ReplicaCircuits:
                 self.fail(previous[index])
         await self.refresh()
         if previous is None or not replace:
-            picked: list[Hop] = []
-            for shard in self.by_shard:
-                prefer = None
-                if self.prompt is not None:
-                    upstream = [hop.url for hop in picked]
-                    prefer = prefix_preference(self.costs, self.prompt, upstream, _url)
-                picked.append(self.pick(shard, prefer=prefer))
-            hops = tuple(picked)
-        else:
-            hops = tuple(
-                self.pick(hop.shard, frozenset({hop.url})) if index in replace else hop
-                for index, hop in enumerate(previous)
-            )
+            hops = tuple(self.cover(0, max(self.by_shard)))
+        else:  # a replaced hop's shards by other nodes: the same span, or shorter hops
+            out: list[Hop] = []
+            for index, hop in enumerate(previous):
+                if index in replace:
+                    out.extend(self.cover(hop.shard, hop.span.last, frozenset({hop.url}), out))
+                else:
+                    out.append(hop)
+            hops = tuple(out)
         self.current = hops
         self.circuits.append(hops)
         client = CircuitClient(
@@ -302,7 +374,7 @@ class ReplicaCircuits:
             usable = [
                 h
                 for h in self.by_shard.get(hop.shard, [])
-                if h not in self._wrong and not self._avoided(h)
+                if h.span == hop.span and h not in self._wrong and not self._avoided(h)
             ]
             if hop in usable and self.costs.outpriced(usable, lambda h: h.url, hop):
                 out.add(index)
@@ -320,3 +392,21 @@ class ReplicaCircuits:
 
 def _url(hop: Hop) -> str:
     return hop.url
+
+
+def _payees(hop: Hop) -> list[tuple[int, str]]:
+    """(shard, payee) of each shard `hop` is paid for: its one shard (its URL), or each shard
+    of its span (node/client/paying.py `payee`)."""
+    if hop.span.size == 1:
+        return [(hop.shard, hop.url)]
+    return [(shard, payee(hop.url, shard)) for shard in hop.span]
+
+
+def _advertised(hop: Hop, info: dict[str, Any]) -> dict[str, object]:
+    """Payee → the price its /info asks: `credit_positions`, or for a span each shard's
+    (`shard_prices`; a free span lists none: 0 each)."""
+    if hop.span.size == 1:
+        return {hop.url: info.get("credit_positions", 0)}
+    listed = info.get("shard_prices")
+    prices = listed if isinstance(listed, dict) else {}
+    return {name: prices.get(str(shard), 0) for shard, name in _payees(hop)}

@@ -41,6 +41,7 @@ class RingCircuit(Protocol):
     the circuit's `generate` reaches this module through failover.py)."""
 
     hops: tuple[Any, ...]
+    payees: list[tuple[int, int | None, str]]  # (hop index, span shard, payee name)
     hidden_size: int
     payer: Any
     ring_sids: set[int]
@@ -79,12 +80,13 @@ def near_tie(logits: np.ndarray, mine: int, token: int, sampling: SamplingConfig
 
 
 def ring_targets(client: RingCircuit, spec: RingSpec, chosen: int) -> list[int]:
-    """Per hop, the positions to have paid once `chosen` tokens were read (module docstring)."""
+    """Per payee (a hop, or one shard of a span hop), the positions to have paid once `chosen`
+    tokens were read (module docstring)."""
     payer = client.payer
     assert payer is not None
     after_next = spec.prompt + max(1, chosen)
     ceiling = spec.last_position + 1
-    return [min(after_next + max(0, payer.price(hop.url)), ceiling) for hop in client.hops]
+    return [min(after_next + max(0, payer.price(name)), ceiling) for _, _, name in client.payees]
 
 
 async def ring_tokens(

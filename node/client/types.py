@@ -1,6 +1,7 @@
 """What the circuit client, the gateway and the benches share: hops, the head, timings.
 
-Hop      one node of a circuit: its base URL, the shard it serves there, and its node key
+Hop      one node of a circuit: its base URL, the shard it serves there (a span's first, with
+         `last` its last shard: one hop through shards shard … last), and its node key
          (64 hex: pinned on an https:// link, protocol/links.py); for a node behind NAT, its
          addresses at its other relays, dialled when `url` is not reached
 Head     the client's part of the model (tokenizer, embeddings, final norm, LM head), numpy
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from protocol.errors import ConfigError
+from protocol.spans import ShardSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +31,23 @@ class Hop:
     # the node's addresses at its second and third relay (register_node `rendezvous`), tried
     # in order when `url` (its registered endpoint: the first relay's) is not reached
     alternates: tuple[str, ...] = ()
+    # the last shard of a span this hop runs as one (protocol/spans.py); None: `shard` alone
+    last: int | None = None
 
     @property
     def addresses(self) -> tuple[str, ...]:
         return (self.url, *self.alternates)
+
+    @property
+    def span(self) -> ShardSpan:
+        return ShardSpan(self.shard, self.shard if self.last is None else self.last)
+
+
+def payee(url: str, shard: int | None = None) -> str:
+    """Whom a credit pays, as prices and parties are keyed (node/client/paying.py): a hop's
+    URL, or for a span hop (paid per shard, node/server/span_payments.py) its URL and the
+    shard, `URL#shard-K`."""
+    return url if shard is None else f"{url}#shard-{shard}"
 
 
 class Head(Protocol):

@@ -35,11 +35,11 @@ IDLE_S = 120.0
 # per-node limit) and at most MAX_SESSION_FRAMES of them; the client keeps ≤ 8 outstanding.
 PREFILL_CHUNK = 64
 
-CircuitKey = tuple[tuple[str, int, str | None], ...]
+CircuitKey = tuple[tuple[str, int, int, str | None], ...]
 
 
 def circuit_key(hops: Sequence[Hop]) -> CircuitKey:
-    return tuple((hop.url, hop.shard, hop.key) for hop in hops)
+    return tuple((hop.url, hop.shard, hop.span.last, hop.key) for hop in hops)
 
 
 @dataclass(eq=False)

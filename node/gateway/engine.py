@@ -88,7 +88,7 @@ class RouterCircuits:
             # NoCircuit (503) when a shard has none
             circuit = await self.router.circuit(self.prompt)
         if self.cover is not None:  # nothing was sent to its nodes yet
-            self.cover([node.endpoint for node in circuit.nodes])
+            self.cover([name for node in circuit.nodes for _, name, _ in node.payees()])
         self.circuits.append(circuit)
         if len(self.circuits) > 1:
             log.info(
@@ -97,7 +97,7 @@ class RouterCircuits:
                 sorted(replace),
             )
         hops = [
-            Hop(url=n.endpoint, shard=n.shard, key=n.key, alternates=n.alternates)
+            Hop(url=n.endpoint, shard=n.shard, key=n.key, alternates=n.alternates, last=n.last)
             for n in circuit.nodes
         ]
         async with self.router.hold(circuit), self.pool.use(hops) as client:

@@ -83,6 +83,7 @@ import aiohttp
 from node.chain.committee_pages import path_query, read_nodes
 from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook, prefix_preference
+from node.client.types import payee
 from node.dial import first_reachable
 from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.errors import NoCircuit
@@ -92,6 +93,7 @@ from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.committee.credit_holder import node_party
 from protocol.errors import PlanetError
+from protocol.spans import NonContiguousSpanError, ShardSpan, span_of
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +121,37 @@ class RoutableNode:
     # behind NAT: its addresses at its other relays (register_node `rendezvous`), dialled in
     # turn when `endpoint` (the first relay's port) is not reached (`addresses`)
     alternates: tuple[str, ...] = field(default=(), compare=False)
+    # the last shard of a span it serves as one hop (register_node `shards` [shard … last],
+    # protocol/spans.py); None: `shard` alone
+    last: int | None = None
+    # a span's registered price on each of its shards, in order (it is paid per shard:
+    # `payees`); () for one shard (`price`)
+    shard_prices: tuple[int | None, ...] = field(default=(), compare=False)
 
     @property
     def addresses(self) -> tuple[str, ...]:
         return (self.endpoint, *self.alternates)
 
+    def payees(self) -> list[tuple[int, str, int | None]]:
+        """(shard, payee, registered price) of each shard it is paid for: its one shard at its
+        endpoint, or each shard of its span (node/client/types.py `payee`)."""
+        if self.last is None:
+            return [(self.shard, self.endpoint, self.price)]
+        return [
+            (shard, payee(self.endpoint, shard), price)
+            for shard, price in zip(self.span, self.shard_prices, strict=True)
+        ]
+
+    @property
+    def span(self) -> ShardSpan:
+        return ShardSpan(self.shard, self.shard if self.last is None else self.last)
+
 
 @dataclass(frozen=True, slots=True)
 class Circuit:
-    # one per shard, in shard order; for an answer that failed over: the final circuit's nodes,
-    # then every node that served a failed circuit before (engine.py `served_circuit`)
+    # one per hop, in shard order (a span hop covers several shards); for an answer that
+    # failed over: the final circuit's nodes, then every node that served a failed circuit
+    # before (engine.py `served_circuit`)
     nodes: tuple[RoutableNode, ...]
 
     @property
@@ -200,7 +223,9 @@ def routable_by_shard(
     entries: Iterable[Any], shard_count: int, *, public_only: bool = True
 ) -> dict[int, list[RoutableNode]]:
     """Routable (or graced: `RoutableNode.grace`), well-formed, dialable entries grouped by
-    shard (only shards 0..shard_count-1)."""
+    the first shard they serve (shards 0..shard_count-1): one shard, or a contiguous span
+    served as one hop (`RoutableNode.last`); a `shards` list that is not contiguous
+    (`NonContiguousSpanError`) or runs past the model is skipped."""
     out: dict[int, list[RoutableNode]] = {s: [] for s in range(shard_count)}
     for entry in entries:
         if not isinstance(entry, dict):
@@ -209,26 +234,35 @@ def routable_by_shard(
         if entry.get("routable") is not True and not grace:
             continue
         key, endpoint = entry.get("key"), clean_endpoint(entry.get("endpoint"))
-        shards = entry.get("shards")
         if not isinstance(key, str) or not _KEY.match(key) or endpoint is None:
             continue
         if not dialable(endpoint, public_only):
             log.debug("skipping a non-public endpoint endpoint=%s", endpoint)
             continue
-        if not isinstance(shards, list) or len(shards) != 1:
+        try:
+            span = span_of(entry.get("shards"))
+        except NonContiguousSpanError as error:
+            log.debug("skipping node=%s: %s", key[:16], error.message)
             continue
-        shard = shards[0]
+        if span.last >= shard_count:
+            continue
         capacity = entry.get("capacity")
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             capacity = 0
-        if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
-            price = chain_price(entry, shard)
-            alternates = alternates_of(entry, endpoint, public_only)
-            out[shard].append(
-                RoutableNode(
-                    key, endpoint, shard, capacity, grace=grace, price=price, alternates=alternates
-                )
+        prices = tuple(chain_price(entry, shard) for shard in span)  # a span: paid per shard
+        out[span.first].append(
+            RoutableNode(
+                key,
+                endpoint,
+                span.first,
+                capacity,
+                grace=grace,
+                price=prices[0],
+                alternates=alternates_of(entry, endpoint, public_only),
+                last=None if span.size == 1 else span.last,
+                shard_prices=() if span.size == 1 else prices,
             )
+        )
     return out
 
 
@@ -350,7 +384,7 @@ class Router:
         fresh = checked is not None and time.monotonic() - checked < VERIFY_TTL_S
         if fresh:
             self._set_price(node)  # the chain's, refreshed with the list
-        if fresh and self.accept_price(node.price or 0):
+        if fresh and all(self.accept_price(p or 0) for _, _, p in node.payees()):
             return True  # (a price seen since by the background /info refresh counts)
         pin = self._pin(node)
         if pin is None:
@@ -364,12 +398,14 @@ class Router:
             return False
         self._observed[node.endpoint] = time.monotonic()
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
-        expected = list(self.shard_layers[node.shard])
+        span = node.span
+        expected = [self.shard_layers[span.first][0], self.shard_layers[span.last][1]]
         if (
             not isinstance(info, dict)
             or info.get("model_hash") != self.model_hash
             or info.get("shard") != node.shard
             or info.get("layers") != expected
+            or info.get("shards", [node.shard]) != list(span.shards)
         ):
             log.warning("node serves something else endpoint=%s", node.endpoint)
             self.mark_failed(node)
@@ -379,16 +415,17 @@ class Router:
                 "node's /info price is not its registered one endpoint=%s registered=%s "
                 "advertised=%r",
                 node.endpoint,
-                "none" if node.price is None else node.price,
-                info.get("credit_positions"),
+                [p for _, _, p in node.payees()],
+                info.get("shard_prices") if node.last is not None else info.get("credit_positions"),
             )
             self.mark_failed(node)  # looked at again after the cooldown: prices change
             return False
-        if not self.accept_price(self.prices[node.endpoint]):
+        asked = [self.prices[name] for _, name, _ in node.payees()]
+        if not all(self.accept_price(price) for price in asked):
             log.info(
-                "node charges what this gateway does not pay endpoint=%s credit_positions=%d",
+                "node charges what this gateway does not pay endpoint=%s credit_positions=%s",
                 node.endpoint,
-                self.prices[node.endpoint],
+                asked,
             )
             self.mark_failed(node)  # looked at again after the cooldown: prices change
             return False
@@ -435,19 +472,73 @@ class Router:
                 slot.release()
 
     async def circuit(self, prompt: Sequence[int] | None = None) -> Circuit:
-        """One eligible, verified node per shard, by cost (see the module docstring);
-        NoCircuit names the first empty shard. With the question's `prompt` (route="cost"
-        only), each shard's choice among the near-cheapest prefers the node holding the most
-        of its prefix behind the hops already chosen (protocol/prefix_routes.py)."""
+        """Verified nodes that cover the shards in order, one hop each (a span hop covers
+        several), by cost (see the module docstring); NoCircuit names the first shard nothing
+        covers. With the question's `prompt` (route="cost" only), each hop's choice among the
+        near-cheapest prefers the node holding the most of its prefix behind the hops already
+        chosen (protocol/prefix_routes.py)."""
         routable = await self.routable()
+        return Circuit(tuple(await self._cover(routable, 0, self.shard_count - 1, prompt=prompt)))
+
+    async def _cover(
+        self,
+        routable: dict[int, list[RoutableNode]],
+        first: int,
+        last: int,
+        *,
+        exclude: str = "",
+        prompt: Sequence[int] | None = None,
+    ) -> list[RoutableNode]:
+        """Hops for shards `first` … `last`, one start after another: a span (fewer hops)
+        where one that fits is usable and not overloaded, else the shard's own node."""
+        reach = _reachable(routable, first, last)
         chosen: list[RoutableNode] = []
-        for shard in range(self.shard_count):
+        shard = first
+        while shard <= last:
             prefer = None
             if prompt is not None and self.route == "cost":
                 upstream = [n.endpoint for n in chosen]
                 prefer = prefix_preference(self.costs, prompt, upstream, _endpoint)
-            chosen.append(await self._choose(routable, shard, prefer=prefer))
-        return Circuit(tuple(chosen))
+            fits = [
+                n
+                for n in routable.get(shard, [])
+                if n.span.last <= last and reach.get(n.span.last + 1, False)
+            ]
+            node = await self._choose_hop(fits, shard, exclude, prefer)
+            chosen.append(node)
+            shard = node.span.last + 1
+        return chosen
+
+    async def _choose_hop(
+        self,
+        nodes: list[RoutableNode],
+        shard: int,
+        exclude: str,
+        prefer: Callable[[RoutableNode], int] | None,
+    ) -> RoutableNode:
+        """Among `nodes` (all starting at `shard`): the longest span whose nodes are routable,
+        not cooling, not overloaded and verify (fewer hops); else the shard's single-shard
+        nodes as before (graced, cooling ones after); else a span as leniently."""
+        spans = sorted({n.span.size for n in nodes if n.span.size > 1}, reverse=True)
+        for size in spans:
+            pool = [
+                n
+                for n in nodes
+                if n.span.size == size
+                and n.key != exclude
+                and not n.grace
+                and not self._cooling(n)
+                and not self.costs.overloaded(n.endpoint)
+            ]
+            if pool:
+                with contextlib.suppress(NoCircuit):
+                    return await self._choose_among(pool, shard, prefer)
+        groups = [[n for n in nodes if n.span.size == 1]]
+        groups += [[n for n in nodes if n.span.size == size] for size in spans]
+        for group in groups[:-1]:
+            with contextlib.suppress(NoCircuit):
+                return await self._choose({shard: group}, shard, exclude, prefer)
+        return await self._choose({shard: groups[-1]}, shard, exclude, prefer)
 
     async def replace(
         self,
@@ -467,12 +558,17 @@ class Router:
         named = set(accused)
         for index in chosen if failed else ():
             self.mark_failed(circuit.nodes[index], accused=index in named)
-        nodes = list(circuit.nodes)
-        for index in sorted(chosen):
+        nodes: list[RoutableNode] = []
+        for index, node in enumerate(circuit.nodes):
+            if index not in chosen:
+                nodes.append(node)
+                continue
+            span = node.span  # the same shards: another span, or shorter hops
             try:
-                nodes[index] = await self._choose(routable, index, circuit.nodes[index].key)
+                nodes.extend(await self._cover(routable, span.first, span.last, exclude=node.key))
             except NoCircuit:
-                log.warning("no other node for shard %d; trying the same node again", index)
+                log.warning("no other node for shards %s; trying the same node again", span)
+                nodes.append(node)
         return Circuit(tuple(nodes))
 
     async def _choose(
@@ -600,7 +696,11 @@ class Router:
         routable = self._cache[1]
         out = set()
         for index, node in enumerate(circuit.nodes[: self.shard_count]):
-            pool = [n for n in routable.get(index, []) if not self._cooling(n) and not n.grace]
+            pool = [
+                n
+                for n in routable.get(node.shard, [])
+                if n.span == node.span and not self._cooling(n) and not n.grace
+            ]
             if node in pool and self.costs.outpriced(pool, lambda n: n.endpoint, node):
                 out.add(index)
         return out
@@ -681,20 +781,31 @@ class Router:
     def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> bool:
         """The node's price is its registered one (`node.price`, from the chain); its /info
         is only checked against it (`price_trusted`). False: not a node to pay or route to."""
-        trusted = price_trusted(node.price, info.get("credit_positions", 0))
-        self._set_price(node if trusted else None, node.endpoint)
+        if node.last is None:
+            trusted = price_trusted(node.price, info.get("credit_positions", 0))
+        else:  # a span: each shard's registered price against its /info `shard_prices`
+            listed = info.get("shard_prices")
+            advertised = listed if isinstance(listed, dict) else {}
+            trusted = all(
+                price_trusted(price, advertised.get(str(shard), 0))
+                for shard, _, price in node.payees()
+            )
+        self._set_price(node if trusted else None, node)
         return trusted
 
-    def _set_price(self, node: RoutableNode | None, endpoint: str = "") -> None:
-        """`node`'s chain price into `prices` (a node with none, routed only while its /info
-        says free, at 0); None: `endpoint` is not to be paid, its entry goes."""
+    def _set_price(self, node: RoutableNode | None, of: RoutableNode | None = None) -> None:
+        """`node`'s chain price into `prices`, per payee (a span: each shard's; a node with
+        none, routed only while its /info says free, at 0); None: `of` is not to be paid, its
+        entries go."""
         if node is None:
-            self.prices.pop(endpoint, None)
-            self.parties.pop(endpoint, None)
-        else:
-            self.prices[node.endpoint] = node.price or 0
-            key = bytes.fromhex(node.key)
-            self.parties[node.endpoint] = node_party(key, self.model_hash, node.shard)
+            for _, name, _ in of.payees() if of is not None else ():
+                self.prices.pop(name, None)
+                self.parties.pop(name, None)
+            return
+        key = bytes.fromhex(node.key)
+        for shard, name, price in node.payees():
+            self.prices[name] = price or 0
+            self.parties[name] = node_party(key, self.model_hash, shard)
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health
@@ -724,3 +835,15 @@ async def pool_view(rpc: Any, model_hash: str, shard_count: int) -> dict[str, An
 
 def _endpoint(node: RoutableNode) -> str:
     return node.endpoint
+
+
+def _reachable(routable: dict[int, list[RoutableNode]], first: int, last: int) -> dict[int, bool]:
+    """For every shard s in `first` … `last` + 1: whether the routable hops, one after
+    another, cover s … `last` (True at `last` + 1)."""
+    reach = {last + 1: True}
+    for shard in range(last, first - 1, -1):
+        reach[shard] = any(
+            n.span.last <= last and reach.get(n.span.last + 1, False)
+            for n in routable.get(shard, [])
+        )
+    return reach

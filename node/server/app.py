@@ -31,7 +31,7 @@ from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.info_body import info_body
 from node.server.overlay import install_overlay
-from node.server.payments import install_payments
+from node.server.paid_work import install_payments
 from node.server.prefix_cache import install_prefix_cache
 from node.server.ring import RingHeads
 from node.server.sessions import SessionStore, short_tag

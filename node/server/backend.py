@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from protocol.spans import ShardSpan
+
 
 class ShardBackend(Protocol):
     shard_id: int
@@ -43,6 +45,13 @@ class ShardBackend(Protocol):
     def cache_bytes_per_position(self) -> int:
         """KV bytes one more position costs a session (accounted before computing it)."""
         ...
+
+
+def served_span(backend: ShardBackend) -> ShardSpan:
+    """The shards a backend runs as one hop: a span backend's (node/server/span_backend.py),
+    else its one shard."""
+    span = getattr(backend, "span", None)
+    return span if isinstance(span, ShardSpan) else ShardSpan.one(backend.shard_id)
 
 
 class PrefixBackend(ShardBackend, Protocol):

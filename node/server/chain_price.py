@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from node.chain.committee_pages import read_prices
+from node.server.span_payments import payment_parts
 from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,16 @@ def current_price(answer: Any, node: str, shard: int) -> int | None:
 async def refresh(state: Any, link: Any, node: str, model: str, shard: int) -> None:
     """Once: the chain's current price of (node, shard) into `state.payments.positions`."""
     rows = await read_prices(link.query, model=model, node=node)  # every page
-    price = current_price({"prices": rows}, node, shard)
-    payments = state.payments
-    if payments is not None and price is not None and price > 0 and price != payments.positions:
-        log.info("price on the chain: %d positions per credit (was %d)", price, payments.positions)
-        payments.positions = price
+    for own, payments in payment_parts(state.payments, shard).items():  # a span: each shard's
+        price = current_price({"prices": rows}, node, own)
+        if price is not None and price > 0 and price != payments.positions:
+            log.info(
+                "price on the chain: shard %d, %d positions per credit (was %d)",
+                own,
+                price,
+                payments.positions,
+            )
+            payments.positions = price
 
 
 def follow_chain_price(app: Any, node: str, model: str, shard: int) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from node.server.next_hops import FORWARD_NONE, NextHopSpec
 from node.server.rendezvous import RendezvousRelay
 from protocol.errors import ConfigError
+from protocol.spans import MAX_SPAN, ShardSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +16,10 @@ class ServerConfig:
     """Everything `planet node serve` needs. Units are in the field names."""
 
     manifest_path: Path
-    shard_id: int
+    shard_id: int  # the shard served, or the first shard of a span
+    # the last shard of a span served as one hop (`--shards A-B`, protocol/spans.py); None: the
+    # node serves `shard_id` alone
+    last_shard: int | None = None
     host: str = "127.0.0.1"
     port: int = 18100
     device: str = "auto"
@@ -98,10 +102,20 @@ class ServerConfig:
     # each and serves the connections that reach its port there; empty: none
     rendezvous: tuple[RendezvousRelay, ...] = ()
 
+    @property
+    def span(self) -> ShardSpan:
+        """The shards served as one hop (one shard: `shard_id` alone)."""
+        last = self.shard_id if self.last_shard is None else self.last_shard
+        return ShardSpan(self.shard_id, last)
+
     def validate(self) -> ServerConfig:
         problems = []
         if self.shard_id < 0:
             problems.append("shard must be >= 0")
+        if self.last_shard is not None and not (
+            self.shard_id <= self.last_shard <= self.shard_id + MAX_SPAN - 1
+        ):
+            problems.append(f"a span's last shard must be first … first + {MAX_SPAN - 1}")
         if not 0 <= self.port <= 65535:
             problems.append("port must be in 0..65535")
         if self.idle_timeout_s <= 0:

@@ -57,9 +57,11 @@ def manifest_cost(config: ServerConfig) -> SeatCost:
     """What a seat may hold: its weights as loaded (from the manifest's shard size and quant)
     plus its KV caps."""
     manifest = Manifest.load(config.manifest_path)
-    entry = manifest.shard(config.shard_id)
     kv = config.max_cache_bytes + config.prefix_cache_bytes
-    weights = resident_weight_bytes(entry.size, entry.quant)
+    weights = sum(  # a span seat holds every shard of it
+        resident_weight_bytes(manifest.shard(shard).size, manifest.shard(shard).quant)
+        for shard in config.span
+    )
     return seat_cost(manifest.model_hash, config.shard_id, weights, kv)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from node.server.backend import served_span
 from node.server.config import ServerConfig
 from node.server.state import NodeState
 from protocol.frames.header import FRAME_VERSION
@@ -23,6 +24,8 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         # the key its credits must be assigned to (docs/credits.md; None: it has none)
         "node_key": state.node_key,
         "shard": backend.shard_id,
+        # the shards it runs as one hop, in order (a span: node/server/span_backend.py)
+        "shards": list(served_span(backend).shards),
         "layers": list(backend.layers),
         "hidden_size": backend.hidden_size,
         "quant": backend.quant,
@@ -51,6 +54,8 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         "credit_positions": config.credit_positions
         if state.payments is None
         else state.payments.positions,
+        # a span hop's price of each of its shards (docs/compute.md, *Span hops*)
+        "shard_prices": getattr(state.payments, "shard_prices", lambda: None)(),
         "credits": None
         if state.payments is None
         else {

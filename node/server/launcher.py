@@ -95,16 +95,18 @@ def start_node(
     module: str = NODE_MARKER,
     host: str = "127.0.0.1",
     node_key: Path | None = None,
+    last: int | None = None,
 ) -> NodeProcess:
     """Spawn one detached node process bound to `host`:`port`; returns at once (see
     wait_healthy). `extra_env` is added to the node's environment. `module` runs as
     `python -m MODULE -v node serve ...`: the planet CLI, or a test entry point taking the same
     arguments (stop it with `stop_pid(pid, module=node.module)`). `node_key`: a node_key.json
     (its password in `extra_env`'s PLANET_PASSWORD) → TLS bound to it; None →
-    `--plaintext-links`."""
+    `--plaintext-links`. `last`: serve shards `shard` … `last` as one hop (`--shards`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir / f"node-{shard}.log"
-    pid_path = run_dir / f"node-{shard}.pid"
+    name = str(shard) if last is None else f"{shard}-{last}"
+    log_path = run_dir / f"node-{name}.log"
+    pid_path = run_dir / f"node-{name}.pid"
     cmd = [
         sys.executable,
         "-m",
@@ -114,8 +116,7 @@ def start_node(
         "serve",
         "--manifest",
         str(manifest),
-        "--shard",
-        str(shard),
+        *(["--shard", str(shard)] if last is None else ["--shards", name]),
         "--port",
         str(port),
         "--host",

@@ -59,6 +59,7 @@ from aiohttp.resolver import DefaultResolver
 from node.chain.committee_pages import path_query, read_nodes
 from protocol.committee.registry import MAX_RENDEZVOUS
 from protocol.errors import PlanetError, UsageError
+from protocol.spans import NonContiguousSpanError, span_of
 from protocol.stream import MAX_NEXT_ALTERNATES, NextHop, NextHopNotAllowedError
 from protocol.urls import BadUrlError, canonical_url
 
@@ -297,12 +298,14 @@ class NodeSource(Protocol):
 def registered_hops(
     answer: Any, *, rendezvous: bool = False
 ) -> dict[str, dict[int, frozenset[str]]]:
-    """Canonical URL → shard → node keys registered there, from a committee `/nodes` answer
-    (untrusted: entries that are neither routable nor graced — DOWN lately, otherwise routable,
-    a fallback the clients may route through while it answers (abci_app/liveness.py) — or not
-    well-formed are skipped). The URLs are the entries' `endpoint`s; with `rendezvous`, their
-    addresses at the relays they name instead (`rendezvous[].endpoint`, at most 3 an entry:
-    a node behind NAT's alternates)."""
+    """Canonical URL → shard → node keys registered there, from a committee `/nodes` answer;
+    an entry's shard is the first of the shards it serves as one hop (a span's first: the shard
+    a circuit's `open` names it by; a `shards` list that is not contiguous is skipped,
+    protocol/spans.py). Untrusted: entries that are neither routable nor graced — DOWN
+    lately, otherwise routable, a fallback the clients may route through while it answers
+    (abci_app/liveness.py) — or not well-formed are skipped. The URLs are the entries'
+    `endpoint`s; with `rendezvous`, their addresses at the relays they name instead
+    (`rendezvous[].endpoint`, at most 3 an entry: a node behind NAT's alternates)."""
     nodes = answer.get("nodes") if isinstance(answer, dict) else None
     out: dict[str, dict[int, set[str]]] = {}
     for entry in nodes if isinstance(nodes, list) else []:
@@ -310,13 +313,16 @@ def registered_hops(
             continue
         if entry.get("routable") is not True and entry.get("grace") is not True:
             continue
-        key, shards = entry.get("key"), entry.get("shards")
-        if not isinstance(key, str) or not _KEY_RE.match(key) or not isinstance(shards, list):
+        key = entry.get("key")
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            continue
+        try:  # one shard, or a contiguous span served as one hop (protocol/spans.py)
+            span = span_of(entry.get("shards"))
+        except NonContiguousSpanError:
             continue
         for url in _rendezvous_urls(entry) if rendezvous else _endpoint_url(entry):
-            for shard in shards:
-                if isinstance(shard, int) and not isinstance(shard, bool) and shard >= 0:
-                    out.setdefault(url, {}).setdefault(shard, set()).add(key)
+            # a hop is opened at its first shard: a span is the next hop after span.first - 1
+            out.setdefault(url, {}).setdefault(span.first, set()).add(key)
     return {
         url: {shard: frozenset(keys) for shard, keys in by_shard.items()}
         for url, by_shard in out.items()

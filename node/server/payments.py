@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -136,6 +137,8 @@ class Account:
     # node/server/credit_locks.py
     pending: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # a span hop's session: one account per shard (node/server/span_payments.py)
+    parts: dict[int, Account] = field(default_factory=dict)
 
     def notify(self) -> None:
         self.changed.set()
@@ -332,6 +335,19 @@ class CreditSpool:
             path.unlink()
 
 
+_SHARD_DIR = re.compile(r"shard-(\d{1,5})")
+
+
+def shard_spool(base: Path, shard: int) -> Path:
+    """The spool directory of the process serving `shard` (node/agent/credit_spools.py)."""
+    return base / f"shard-{shard}"
+
+
+def spool_base(directory: Path) -> Path:
+    """The base of a compute node's `--credits-dir` (itself when it is not a shard's)."""
+    return directory.parent if _SHARD_DIR.fullmatch(directory.name) else directory
+
+
 class Payments:
     """A node's price (positions per credit) and the accounts of its sessions."""
 
@@ -496,30 +512,3 @@ class Payments:
         account.pending.clear()
         account.paid = account.credits = 0
         return returned
-
-
-def install_payments(app: Any, state: Any, config: Any) -> None:
-    """With `config.credit_positions`: the node's Payments on `state`, its committee link opened
-    and closed with the app (aiohttp cleanup_ctx)."""
-    from node.chain.committee_link import CommitteeLink
-
-    async def lifetime(_app: Any) -> Any:
-        link = CommitteeLink([config.committee_rpc])
-        state.payments = Payments(
-            config.credit_positions,
-            CreditCheck(link, margin_blocks=config.credit_margin_blocks),
-            CreditSpool(config.credits_dir),
-            wait_s=config.pay_wait_s,
-            locks=LockMarks(config.credits_dir),
-            unlocked=config.credit_unlocked,
-            party=state.credit_party,
-        )
-        log.info(
-            "paid work: %d positions per credit, credits spooled to %s",
-            config.credit_positions,
-            config.credits_dir,
-        )
-        yield
-        await link.close()
-
-    app.cleanup_ctx.append(lifetime)

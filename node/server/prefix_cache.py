@@ -282,7 +282,10 @@ def install_prefix_cache(state: Any, config: Any) -> PrefixCache | None:
     ):
         return None
     if not getattr(backend, "prefix_reusable", True):
-        log.info("prefix cache off: this shard has sliding-window layers")
+        log.info(
+            "prefix cache off: this backend cannot reuse KV blocks (sliding-window layers, or "
+            "a span hop, whose inner shards' inputs its commitments need)"
+        )
         return None
     state.prefix = PrefixCache(
         backend,

@@ -14,7 +14,7 @@ from node.links import server_context
 from node.model.backends import skip_unused_backends
 from node.model.manifest import Manifest
 from node.server.app import create_app
-from node.server.backend import ModelShardBackend, ShardBackend
+from node.server.backend import ModelShardBackend, ShardBackend, served_span
 from node.server.config import ServerConfig
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.links import is_loopback_host
@@ -45,11 +45,21 @@ def _skip_unused_backends(config: ServerConfig) -> None:
     ~1 s of every fp32/int8 node's start; node/model/backends.py). A manifest that does not
     load is left for the shard's load to report, as before."""
     try:
-        quant = Manifest.load(config.manifest_path).shard(config.shard_id).quant
+        manifest = Manifest.load(config.manifest_path)
+        quants = {manifest.shard(shard).quant for shard in config.span}
     except PlanetError:
         return
-    skipped = skip_unused_backends({quant})
-    log.debug("quant=%s: not importing %s", quant, ", ".join(skipped) or "-")
+    skipped = skip_unused_backends(quants)
+    log.debug("quant=%s: not importing %s", ",".join(sorted(quants)), ", ".join(skipped) or "-")
+
+
+def load_backend(config: ServerConfig) -> ShardBackend:
+    """Config's shard, or its span of shards as one backend (node/server/span_backend.py)."""
+    if config.last_shard is None:
+        return ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
+    from node.server.span_backend import load_span
+
+    return load_span(config.manifest_path, config.span, device=config.device)
 
 
 def shard_app(
@@ -65,7 +75,7 @@ def shard_app(
         )
     if backend is None:
         _skip_unused_backends(config)
-        backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
+        backend = load_backend(config)
     app = create_app(config, backend)
     if node_key is not None:
         from node.server.state import STATE_KEY
@@ -73,6 +83,9 @@ def shard_app(
 
         key = node_key.verify_key.encode()
         app[STATE_KEY].credit_party = node_party(key, backend.model_hash, backend.shard_id)
+        app[STATE_KEY].credit_parties = {
+            shard: node_party(key, backend.model_hash, shard) for shard in served_span(backend)
+        }
         app[STATE_KEY].node_key = key.hex()
     if node_key is not None and config.committee_rpc and config.credit_positions:
         from node.server.chain_price import follow_chain_price
@@ -136,8 +149,10 @@ def serve(
     else:
         links = f"TLS, node key {node_key.verify_key.encode().hex()}"
     scheme = "http" if context is None else "https"
+    span = served_span(backend)
     print(
-        f"planet node: shard {backend.shard_id} layers {backend.layers[0]}-{backend.layers[1]} "
+        f"planet node: shard{'s' if span.size > 1 else ''} {span} "
+        f"layers {backend.layers[0]}-{backend.layers[1]} "
         f"of {backend.model_id} on {scheme}://{config.host}:{config.port} ({backend.device}; "
         f"{links})",
         flush=True,

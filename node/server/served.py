@@ -59,6 +59,7 @@ import numpy as np
 from aiohttp import web
 
 from node.model.fingerprint import FingerprintRecorder
+from node.server.backend import served_span
 from node.server.config import ServerConfig
 from protocol import served as spool_format
 from protocol.fingerprint import BLOCK_POSITIONS, BYTES_PER_POSITION, HEADER_BYTES
@@ -119,8 +120,11 @@ class ServedLog:
         max_bytes: int = 256 * 1024 * 1024,
         seal_idle_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spool_tag: str = "",
     ) -> None:
         self.dir = Path(commit_dir)
+        # added to its spool files' names: the logs of a span's shards share one directory
+        self.spool_tag = spool_tag
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.shard = shard
         self.max_bytes = max_bytes
@@ -248,7 +252,8 @@ class ServedLog:
 
     def _append(self, record: ServedRecord) -> None:
         if self._spool is None or self._spool_bytes >= spool_format.SPOOL_FILE_BYTES:
-            name = f"{SPOOL_PREFIX}{time.time_ns():020d}-{os.getpid()}{SPOOL_SUFFIX}"
+            stamp = f"{time.time_ns():020d}-{os.getpid()}{self.spool_tag}"
+            name = f"{SPOOL_PREFIX}{stamp}{SPOOL_SUFFIX}"
             self._spool = self.dir / name
             fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as handle:
@@ -391,6 +396,9 @@ def install_served(app: web.Application, state: Any, config: ServerConfig) -> Se
     closed or idled, checked every second."""
     if config.commit_dir is None:
         raise ValueError("install_served needs config.commit_dir")
+    span = served_span(state.backend)
+    if span.size > 1:
+        return _install_span(app, state, config)
     served = ServedLog(
         config.commit_dir,
         config.shard_id,
@@ -424,3 +432,46 @@ def install_served(app: web.Application, state: Any, config: ServerConfig) -> Se
         config.served_max_bytes,
     )
     return served
+
+
+def _install_span(app: web.Application, state: Any, config: ServerConfig) -> ServedLog:
+    """A span hop records each shard's work as that shard's hop would (its own inputs and
+    outputs, `NodeState.stage_hooks`; records under that shard), all spooled to the one
+    commit dir for the agent (docs/compute.md, *Span hops*). Returns the first shard's log."""
+    assert config.commit_dir is not None
+    logs = {
+        shard: ServedLog(
+            config.commit_dir,
+            shard,
+            max_bytes=max(1, config.served_max_bytes // config.span.size),
+            seal_idle_s=config.served_seal_idle_s,
+            spool_tag=f"-shard{shard}",
+        )
+        for shard in config.span
+    }
+    for shard, served in logs.items():
+        state.stage_hooks.setdefault(shard, []).append(served.hook)
+    state.served_by_shard = logs
+    state.backend.keep_stages = True
+    first = logs[config.span.first]
+    app[SERVED_KEY] = first
+    state.served = first
+
+    async def sealer(_: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                for served in logs.values():
+                    served.seal_idle(lambda tag: tag in state.store)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for served in logs.values():
+            served.seal_all()
+
+    app.cleanup_ctx.append(sealer)
+    log.info("recording served work dir=%s shards=%s, a log each", config.commit_dir, config.span)
+    return first

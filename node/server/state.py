@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from node.server.backend import ShardBackend
+from node.server.backend import ShardBackend, served_span
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.sessions import SessionStore
@@ -45,6 +45,8 @@ class NodeState:
     # the assignment party credits paid to this node must name (protocol/committee/credit_holder.py
     # `node_party`: its committee key, model hash, shard); None: no node key, none checked
     credit_party: bytes | None = None
+    # a span hop's: the party of each of its shards (its credits are assigned per shard)
+    credit_parties: dict[int, bytes] = field(default_factory=dict)
     node_key: str | None = None  # its committee (and TLS) key, 64 hex: /info `node_key`
     forwards: int = 0
     # streams (node/server/stream.py)
@@ -65,6 +67,14 @@ class NodeState:
         default_factory=list
     )
     served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
+    # a span hop (node/server/span_backend.py): hooks per shard of the span, called after each
+    # forward with that shard's own (tag, positions, inputs, outputs), as a single-shard node
+    # calls its `forward_hooks` (the per-shard served logs and ticket books: a span commits
+    # each shard's work as that shard, docs/compute.md *Span hops*)
+    stage_hooks: dict[int, list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]]] = field(
+        default_factory=dict
+    )
+    served_by_shard: dict[int, Any] = field(default_factory=dict)  # a span's ServedLog per shard
     payments: Any = None  # node.server.payments.Payments with --credit-positions (paid work)
     prefix: Any = None  # node.server.prefix_cache.PrefixCache with prefix_cache_bytes > 0
     # the client head a ring session's loop runs (node/server/ring.py RingHeads); None: none
@@ -72,20 +82,44 @@ class NodeState:
 
 
 def after_forward(
-    state: NodeState, tag: str, start: int, hidden: np.ndarray, out: np.ndarray
+    state: NodeState,
+    tag: str,
+    start: int,
+    hidden: np.ndarray,
+    out: np.ndarray,
+    cache: Any = None,
 ) -> None:
     """Count the positions this shard ran and hand (tag, positions, inputs, outputs) to the
-    forward hooks. Non-finite outputs are refused later and never recorded."""
+    forward hooks; for a span hop, each shard's own inputs and outputs (`cache.stages`) to that
+    shard's `stage_hooks`. Non-finite outputs are refused later and never recorded."""
     count = int(hidden.shape[1])
     state.tokens += count
-    if not state.forward_hooks or not np.isfinite(out).all():
+    stages = cache.take(start) if hasattr(cache, "take") else None
+    if not (state.forward_hooks or state.stage_hooks) or not np.isfinite(out).all():
         return
     positions = np.arange(start, start + count, dtype=np.int64)
     for hook in state.forward_hooks:
-        try:
-            hook(tag, positions, hidden, out)
-        except Exception:
-            log.exception("forward hook failed session=%s", tag[:16])
+        _call(hook, tag, positions, hidden, out)
+    if not state.stage_hooks or not stages:
+        return
+    inputs = hidden
+    for shard, outputs in zip(served_span(state.backend), stages, strict=True):
+        for hook in state.stage_hooks.get(shard, ()):
+            _call(hook, tag, positions, inputs, outputs)
+        inputs = outputs
+
+
+def _call(
+    hook: Callable[[str, np.ndarray, np.ndarray, np.ndarray], None],
+    tag: str,
+    positions: np.ndarray,
+    inputs: np.ndarray,
+    outputs: np.ndarray,
+) -> None:
+    try:
+        hook(tag, positions, inputs, outputs)
+    except Exception:
+        log.exception("forward hook failed session=%s", tag[:16])
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)

@@ -32,6 +32,7 @@ import numpy as np
 from aiohttp import web
 
 from node.dial import refuse_redirects
+from node.server.backend import served_span
 from node.server.config import ServerConfig
 from node.server.link_pool import ATTACH_TIMEOUT_S, DownLink, LinkLostError, LinkPool, ws_dialer
 from node.server.next_hops import PublicResolver, build_policy
@@ -40,6 +41,7 @@ from node.server.peers import peer_key
 from node.server.rendezvous import fronted_caller
 from node.server.ring import RingLoop
 from node.server.sessions import PeerQuotaError, Session, short_tag
+from node.server.span_payments import SpanPayments
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from node.server.warm_targets import warm_targets
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
@@ -455,9 +457,15 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
     loop = asyncio.get_running_loop()
     # the credit goes back before a frame waiting for it gives up (`Payments.cover`)
     give_up = loop.time() + state.payments.wait_s / 2
+    per_shard = isinstance(state.payments, SpanPayments)  # a span: paid per shard
+    if control.shard is not None and not per_shard and control.shard != state.backend.shard_id:
+        raise CreditNotTakenError(identifier, f"this hop serves shard {state.backend.shard_id}")
     for delay in (*PAY_CHECK_RETRY_S, None):
         try:
-            await state.payments.accept(route.account, control.credit)
+            if per_shard:  # a shard it does not serve: refused by name (credit_refused)
+                await state.payments.accept(route.account, control.credit, control.shard)
+            else:
+                await state.payments.accept(route.account, control.credit)
             return
         # its validator does not answer (most often a blip: asked again while there is time),
         # answers an error, or answers a key period it cannot parse
@@ -576,7 +584,7 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
             if session.cache is None:
                 raise SessionExpiredError(short_tag(session.tag))
-            after_forward(state, session.tag, header.start, hidden, out)
+            after_forward(state, session.tag, header.start, hidden, out, session.cache)
             start, count = header.start, header.count
             last = not route.forwards
             if last and header.last_only and count > 1:
@@ -699,7 +707,7 @@ def _next_hop_policy(config: ServerConfig, state: NodeState, http: aiohttp.Clien
         source = CommitteeRpc(config.committee_rpc, session=http)
     policy = build_policy(
         config.next_hops,
-        state.backend.shard_id,
+        served_span(state.backend).last,  # the hop after a span follows its last shard
         source=source,
         model_hash=state.backend.model_hash,
     )

@@ -48,6 +48,7 @@ from aiohttp import web
 from nacl.signing import SigningKey
 
 from node.server.app import STATE_KEY
+from node.server.backend import served_span
 from protocol.eip712 import commitment_value
 from protocol.errors import PlanetError
 from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
@@ -394,27 +395,46 @@ def install(
     """
     state = app[STATE_KEY]
     served = getattr(state, "served", None)
+    span = served_span(state.backend)
     source: TicketSource
-    if served is not None:
+    sources: dict[int, TicketSource] = {}
+    books: list[TicketBook] = []
+    if span.size > 1 and state.served_by_shard:  # a span's served log per shard
+        sources = {s: ServedLogTickets(log) for s, log in state.served_by_shard.items()}
+        source = sources[span.first]
+    elif span.size > 1 and book is not None:  # a span's ticket book per shard
+        for shard in span:
+            own = TicketBook(shard, max_bytes=max(1, book.max_bytes // span.size))
+            state.stage_hooks.setdefault(shard, []).append(own.record)
+            sources[shard] = own
+            books.append(own)
+        state.backend.keep_stages = True
+        app[TICKET_BOOK_KEY] = books[0]
+        source = sources[span.first]
+    elif served is not None:
         source = ServedLogTickets(served)
     elif book is not None:
         state.forward_hooks.append(book.record)
         app[TICKET_BOOK_KEY] = book
         source = book
+        books.append(book)
     else:
         raise ValueError("no ticket source: give a TicketBook or run the served-work log")
+    sources = sources or {span.first: source}
     me = node_key.verify_key.encode().hex()
-    shard = state.backend.shard_id
-    book_commitments = book.block_commitments if source is book and book is not None else None
+
+    def book_commitments(tag: str) -> list[BlockCommitment]:
+        return [c for own in books for c in own.block_commitments(tag)]
 
     async def tickets(request: web.Request) -> web.Response:
         parsed = decode_request(await _read_request(request))
         parsed.verify()
-        if parsed.triple.node != me or parsed.triple.shard != shard:
+        own = sources.get(parsed.triple.shard)
+        if parsed.triple.node != me or own is None:
             raise TicketRefusedError("the request names another node or shard")
         await policy.authorize(parsed)
         tag = parsed.triple.session[2:]
-        plain = source.ticket_bytes(tag, parsed.triple.block)
+        plain = own.ticket_bytes(tag, parsed.triple.block)
         log.info("ticket sealed session=%s block=%d", tag[:16], parsed.triple.block)
         return web.Response(body=seal(plain, parsed, node_key), content_type=TICKET_CONTENT_TYPE)
 
@@ -430,7 +450,7 @@ def install(
         return web.json_response({"session": "0x" + tag, "commitments": rows})
 
     app.router.add_post("/v1/tickets", tickets)
-    if book_commitments is not None:  # a served-work log's records go to the chain instead
+    if books:  # a served-work log's records go to the chain instead
         app.router.add_get("/v1/commitments/{tag}", commitments)
     return source
 

@@ -55,7 +55,10 @@ def test_router_clean_endpoint(value: Any, expected: str | None) -> None:
         entry(key="ab" * 31),
         entry(key=None),
         entry(endpoint="http://127.0.0.1:9000/evil"),
-        entry(shards=[0, 1]),
+        entry(shards=[0, 2]),  # not one contiguous span
+        entry(shards=[1, 0]),
+        entry(shards=[1, 2]),  # a span past the model's last shard
+        entry(shards=[]),
         entry(shards=[2]),
         entry(shards=[-1]),
         entry(shards=[True]),

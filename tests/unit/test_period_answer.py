@@ -21,7 +21,7 @@ from node.server.payments import Account, CreditCheck, CreditSpool, Payments
 from node.server.stream import _pay
 from protocol import bls, shamir
 from protocol.blind_bls import ThresholdCredit
-from protocol.stream import CreditNotTakenError
+from protocol.stream import Control, CreditNotTakenError
 from protocol.threshold_mint import NoPeriodKey, PeriodAnswerError, PeriodKey
 
 pytestmark = pytest.mark.unit
@@ -236,7 +236,7 @@ def test_the_compute_node_does_not_take_the_credit_and_keeps_serving(
     route = SimpleNamespace(account=account)
     state = SimpleNamespace(payments=payments)
     client = SimpleNamespace(opened={1: route})
-    control = SimpleNamespace(op="pay", sid=1, credit=CREDIT)
+    control = Control(op="pay", sid=1, credit=CREDIT)
     for _ in range(2):
         with pytest.raises(CreditNotTakenError, match="credit_period_invalid"):
             asyncio.run(_pay(state, client, control))  # type: ignore[arg-type]
