@@ -106,7 +106,7 @@ class CircuitPool:
             if entry is not None and entry.client.alive:
                 return entry
             if entry is not None:  # a link died: its sessions failed already; dial again
-                log.info("circuit link lost; reconnecting circuit=%s", [u for u, _, _ in key])
+                log.info("circuit link lost; reconnecting circuit=%s", [u for u, *_ in key])
                 del self._entries[key]
                 await entry.client.__aexit__()
             client = CircuitClient(
