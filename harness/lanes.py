@@ -57,6 +57,7 @@ SHARED_DEVNET = frozenset(
         "tests/e2e/test_devnet.py",
         "tests/e2e/test_rebalance_devnet.py",
         "tests/e2e/test_second_model_devnet.py",
+        "tests/e2e/test_span_devnet.py",
     }
 )
 # tests/integration/conftest.py's `plain_circuits` (one per session): the 2-part circuit serves

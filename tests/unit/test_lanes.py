@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -13,7 +14,19 @@ import pytest
 
 from harness.cpu_meter import ROOT as ROOT_GROUPS
 from harness.cpu_meter import CpuMeter, hierarchy, report, usage
-from harness.lanes import Gate, Queue, Unit, check, parse_lane, queue_order, record, unit_of
+from harness.lanes import (
+    PLAIN_CIRCUITS,
+    SHARED_DEVNET,
+    SPLIT,
+    Gate,
+    Queue,
+    Unit,
+    check,
+    parse_lane,
+    queue_order,
+    record,
+    unit_of,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -307,3 +320,19 @@ def test_the_meter_charges_a_unit_with_the_cpu_of_what_it_started(tmp_path: Path
     assert seconds["tests/unit/test_burn.py"] >= 0.4
     assert not (hierarchy() / f"planet-{tmp_path.name}").exists()  # removed
     assert "tests/unit/test_burn.py" in report(seconds)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "group"), [("shared_devnet", SHARED_DEVNET), ("plain_circuits", PLAIN_CIRCUITS)]
+)
+def test_every_module_using_a_session_network_is_in_its_group(fixture: str, group) -> None:
+    """A module that asks for a session-scoped network but is not in its group would be its
+    own unit: a lane would start a second devnet (or set of circuits) for it alone."""
+    root = Path(__file__).resolve().parents[2]
+    users = {
+        str(path.relative_to(root))
+        for folder in ("tests/e2e", "tests/integration")
+        for path in (root / folder).glob("test_*.py")
+        if re.search(rf"\b{fixture}\b", path.read_text())
+    }
+    assert users - set(SPLIT) <= group, sorted(users - set(SPLIT) - group)
