@@ -30,7 +30,12 @@ class Validator:
         return self.answer
 
 
-def _gather(monkeypatch: pytest.MonkeyPatch, validators: dict[str, Validator], timeout_s: float):
+def _gather(
+    monkeypatch: pytest.MonkeyPatch,
+    validators: dict[str, Validator],
+    timeout_s: float,
+    enough: int | None = None,
+):
     class Link:
         def __init__(self, urls: list[str], timeout_s: float) -> None:
             [self.url] = urls
@@ -43,7 +48,7 @@ def _gather(monkeypatch: pytest.MonkeyPatch, validators: dict[str, Validator], t
 
     monkeypatch.setattr(purchase, "CommitteeLink", Link)
     monkeypatch.setattr(purchase, "LAGGING_RETRY_S", 0.01)
-    return asyncio.run(purchase.partials_from(list(validators), timeout_s)("0xm"))
+    return asyncio.run(purchase.partials_from(list(validators), timeout_s)("0xm", enough=enough))
 
 
 def test_a_validator_behind_the_funding_block_is_asked_again_until_it_answers(
@@ -71,3 +76,27 @@ def test_any_other_refusal_leaves_the_validator_out_without_asking_again(
     answers = _gather(monkeypatch, validators, timeout_s=5.0)
     assert answers == [PARTIALS]
     assert validators["a"].asked == 1
+
+
+def test_enough_answers_end_the_gathering_without_waiting_for_a_validator_that_never_posts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once t sets are on the chain it stops offering the mint for signing: a validator that
+    had not posted by then answers PARTIALS_NOT_POSTED until the deadline. With `enough` (t)
+    the gathering ends at the t-th answer; before, the validators were asked in turn and the
+    late one was asked again for the whole `timeout_s` (here 30 s) first."""
+    validators = {
+        "a": Validator(0),
+        "late": Validator(10**9, code="query_114"),  # PARTIALS_NOT_POSTED
+        "c": Validator(1),
+        "d": Validator(0),
+    }
+    answers = _gather(monkeypatch, validators, timeout_s=30.0, enough=3)
+    assert answers == [PARTIALS] * 3
+    assert validators["late"].asked < 50  # ~3,000 asks at one every 10 ms over 30 s before
+
+
+def test_without_enough_every_validator_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    validators = {"a": Validator(0), "b": Validator(5), "c": Validator(2)}
+    answers = _gather(monkeypatch, validators, timeout_s=5.0)
+    assert answers == [PARTIALS] * 3 and validators["b"].asked == 6

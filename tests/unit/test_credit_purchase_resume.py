@@ -105,8 +105,9 @@ def _setup(tmp: Path) -> tuple[Chain, Path, MintRequest, PendingMint, CreditWall
 def _gather(chain: Chain, stores: Path) -> Any:
     """Each validator's partial signatures, straight from the in-process app."""
 
-    async def run(mint_id: str) -> list[dict[str, Any]]:
-        return gather(chain, stores, mint_id)
+    async def run(mint_id: str, enough: int | None = None) -> list[dict[str, Any]]:
+        answers = gather(chain, stores, mint_id)
+        return answers if enough is None else answers[:enough]
 
     return run
 
@@ -151,6 +152,47 @@ def test_a_client_that_died_after_the_funding_gets_its_credits_on_the_next_run(
     for credit in credits:
         blind_bls.verify_credit(period_key(chain, request.body.period).key, credit)
     assert len(_pending_debits(chain)) == 1  # charged once
+
+
+def test_an_altered_set_among_the_first_t_answers_makes_the_client_ask_every_validator(
+    tmp_path: Path,
+) -> None:
+    """The client finalizes from the first t answers it gets; when one of them does not check
+    (here the first validator's partials are another credit's), it asks every validator and
+    makes the credits from the t that check."""
+    chain, stores, request, _, wallet = _setup(tmp_path)
+    [landed] = chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
+    assert landed.code == Code.OK
+    assert _fund(chain, request.mint_id) == [Code.OK] * len(chain.validators)
+    asked: list[int | None] = []
+
+    async def altered_first(mint_id: str, enough: int | None = None) -> list[dict[str, Any]]:
+        asked.append(enough)
+        answers = gather(chain, stores, mint_id)
+        first = dict(answers[0])
+        first["partials"] = list(reversed(first["partials"]))  # each partial on another credit
+        answers = [first, *answers[1:]]
+        return answers if enough is None else answers[:enough]
+
+    lines: list[str] = []
+    [pending] = wallet.pending()
+    credits = asyncio.run(
+        complete(
+            ChainLink(chain),
+            altered_first,
+            wallet,
+            pending,
+            timeout_s=1.0,
+            fund_timeout_s=0.01,
+            progress=lines.append,
+        )
+    )
+    threshold = period_key(chain, request.body.period).threshold
+    assert asked == [threshold, None]  # the first t, then every validator
+    assert len(chain.validators) > threshold
+    assert len(credits) == 3 and any("asking every validator" in line for line in lines)
+    for credit in credits:
+        blind_bls.verify_credit(period_key(chain, request.body.period).key, credit)
 
 
 def test_a_client_that_died_after_the_funding_finds_its_mint_refunded_and_drops_it(

@@ -53,8 +53,9 @@ def _wire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Funding
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
 
     def gather(*_: Any) -> Any:
-        async def run(mint_id: str) -> list[dict]:
-            return [partials(chain.state, store, {"mint": mint_id}) for store in stores]
+        async def run(mint_id: str, enough: int | None = None) -> list[dict]:
+            answers = [partials(chain.state, store, {"mint": mint_id}) for store in stores]
+            return answers if enough is None else answers[:enough]
 
         return run
 
