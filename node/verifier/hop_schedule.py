@@ -22,8 +22,8 @@ So each epoch it times a bounded number of nodes, `HopSettings.per_epoch`, drawn
 Each probe is `sessions` sessions of `positions` positions at first; `saturate` doubles the
 sessions up to `most_sessions` while the time per position still drops (hop_probe.py). The
 verifier's CPU for one node is then at most (sessions + 2·sessions + … + most_sessions) ×
-positions positions through the shards up to the probed one (two passes of the probed shard:
-the input rows and its own outputs); `most_sessions == sessions` is one probe.
+positions positions through the shards up to the probed one and then the probed shard (a
+span's shards) for its own outputs; `most_sessions == sessions` is one probe.
 
 The tokens each session steps are drawn from the same seed (`probe_tokens`), fresh for every
 node, round and session: a node never sees the same input twice, so it cannot answer from a
