@@ -34,9 +34,24 @@ no clock; `read_pool` takes any object with the `CommitteeLink.query` coroutine.
 (node/server/span_backend.py). `choose_span` takes the window of N consecutive shards that is
 weakest by the same key: its shards' keys, weakest first, compared in order (so the window
 holding the weakest shard wins, then the one whose second-weakest is weaker, …), ties to the
-lowest first shard. `--shards auto` takes one shard: a span needs the node's own measured speed
-against its replicas' and a memory budget that holds every shard of it, which a joining node
-does not know yet (it says so in its reason); give `--shards N` to serve more.
+lowest first shard.
+
+**`--shards auto`** (`choose_auto_span`) sizes the span from the node's memory and the pool:
+
+    fits        the span's resident weights (each shard file's bytes × its quantization's
+                factor, node/server/seats.py `resident_weight_bytes`) + the node's KV caps
+                (one process: counted once) ≤ the machine's available memory − a headroom
+    unserved    a shard with no routable and no pending node: the pool answers nothing until
+                it has one. The node takes the longest run of consecutive unserved shards it
+                fits (ties to the lowest first shard): a fresh pool's first node with memory
+                for the whole model serves all of it, so the model answers at once
+    all served  one shard, the weakest (`choose_shard`): a span raises the pool's throughput
+                only when the node is faster than each of its shards' replicas by the span's
+                length, which a joining node does not know before the verifiers measure it
+    no fit      not even the chosen shard fits: `NotEnoughMemory` (error + hint)
+
+`planet join --model M` with neither `--shard` nor `--shards` stays one shard (`choose_shard`,
+no memory read): nodes joining a fresh pool one by one each take a shard, as before spans.
 
 Several models in one node: node/server/host.py. Rebalancing a running node: rebalance.py (the
 rule, over `pool_supply`; a span is not moved), mover.py.
@@ -46,7 +61,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from node.chain.committee_pages import BadPage, TooManyPages, read_nodes
@@ -336,13 +351,6 @@ def choose_shard(
     return Placement(model, weakest.shard, supply, measured, reason, basis)
 
 
-AUTO_SPAN_REASON = (
-    "one shard: a span needs this node's measured speed against its replicas' and a memory "
-    "budget that holds every shard of it, which a joining node does not know yet; "
-    "--shards N serves N"
-)
-
-
 def choose_span(
     model: str,
     shard_count: int,
@@ -386,6 +394,159 @@ def choose_span(
         f"weakest together; its weakest, {_reason(weakest, supply, measured)}"
     )
     return Placement(model, span.first, supply, measured, reason, basis, last=span.last)
+
+
+class NotEnoughMemory(UsageError):
+    """Not even one shard of the pool fits in what the machine has (`choose_auto_span`)."""
+
+    code = "not_enough_memory"
+
+    def __init__(self, shard: int, need: int, fit: MemoryFit) -> None:
+        super().__init__(
+            f"shard {shard} needs {_size(need)} (weights {_size(need - fit.kv_bytes)} + KV caps "
+            f"{_size(fit.kv_bytes)}); this machine has {fit.said()}",
+            hint="free memory or join from a larger machine; --shard K or --shards 1 joins "
+            "without this check",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFit:
+    """What a joining node can hold: the machine's available memory and the headroom kept
+    back (bytes), each shard's resident weights (bytes, by shard index) and the node's KV caps
+    (bytes, one process: counted once whatever its span)."""
+
+    available: int
+    headroom: int
+    shard_bytes: tuple[int, ...]
+    kv_bytes: int
+
+    @property
+    def usable(self) -> int:
+        return max(0, self.available - self.headroom)
+
+    def cost(self, first: int, last: int) -> int:
+        return sum(self.shard_bytes[first : last + 1]) + self.kv_bytes
+
+    def fits(self, first: int, last: int) -> bool:
+        return self.cost(first, last) <= self.usable
+
+    def said(self, first: int | None = None, last: int | None = None) -> str:
+        """'1.1 GiB of 5.8 GiB available less 1.0 GiB headroom' (without a span: no need)."""
+        room = f"{_size(self.available)} available less {_size(self.headroom)} headroom"
+        if first is None or last is None:
+            return room
+        return f"{_size(self.cost(first, last))} with its KV caps, of {room}"
+
+
+def choose_auto_span(
+    model: str,
+    shard_count: int,
+    nodes: Sequence[PoolNode],
+    fit: MemoryFit,
+    *,
+    own_key: str | None = None,
+    speeds: Mapping[str, int] | None = None,
+    floor: int = DEFAULT_REPLICA_FLOOR,
+) -> Placement:
+    """`--shards auto`: the span (or shard) a new node of `model` should serve, sized by what it
+    fits (`fit`) and what the pool lacks (module docstring), and why; `NotEnoughMemory` when not
+    even the shard it would take fits."""
+    if shard_count == 0:
+        raise ModelNotRegistered(model)
+    if len(fit.shard_bytes) != shard_count:
+        raise UsageError(
+            f"model {model}: the manifest has {len(fit.shard_bytes)} shards, the ModelRegistry "
+            f"{shard_count}",
+            hint="use the manifest of the model as registered (`planet devnet status`)",
+        )
+    own = next((n for n in nodes if n.key == own_key), None) if own_key else None
+    if own is not None and own.shards[-1] < shard_count:  # keeps its registration
+        kept = choose_span(
+            model, shard_count, nodes, len(own.shards), own_key=own_key, speeds=speeds, floor=floor
+        )
+        return _fitting(kept, fit, kept.reason)
+    if speeds is None:
+        speeds = pool_speeds(nodes)
+    supply, measured = pool_supply(nodes, shard_count, speeds)
+    basis = speed_basis(nodes, speeds, measured)
+    unserved = [s.replicas + s.pending == 0 for s in supply]
+    if not any(unserved):
+        one = choose_shard(model, shard_count, nodes, speeds=speeds, floor=floor)
+        reason = (
+            f"{one.reason}; one shard ({fit.said(one.shard, one.shard)}): every shard has a "
+            "node, and a span raises the pool's throughput only where this node is faster than "
+            "each of its shards' replicas by the span's length, which a joining node does not "
+            "know before the verifiers measure it (--shards N serves N)"
+        )
+        return _fitting(one, fit, reason)
+    best: tuple[int, int] | None = None  # (first, last)
+    for first in range(shard_count):
+        if not unserved[first] or not fit.fits(first, first):
+            continue
+        last = first
+        while (
+            last + 1 < shard_count
+            and unserved[last + 1]
+            and last + 1 - first < MAX_SHARDS_PER_NODE
+            and fit.fits(first, last + 1)
+        ):
+            last += 1
+        if best is None or last - first > best[1] - best[0]:
+            best = (first, last)
+    if best is None:
+        smallest = min(
+            (s for s in range(shard_count) if unserved[s]), key=lambda s: fit.shard_bytes[s]
+        )
+        raise NotEnoughMemory(smallest, fit.cost(smallest, smallest), fit)
+    first, last = best
+    span = ShardSpan(first, last)
+    missing = [s for s in range(shard_count) if unserved[s]]
+    lack = (
+        f"{'shard' if len(missing) == 1 else 'shards'} {_shards(missing)} of {shard_count} "
+        f"{'has' if len(missing) == 1 else 'have'} no node"
+    )
+    serving = f"serving {'it' if len(missing) == 1 else 'them'}"
+    if span.size < len(missing):
+        serving = f"serving {'shard' if span.size == 1 else 'shards'} {span}"
+    if span.size > 1:
+        serving += " as one hop"
+    room = fit.said(first, last)
+    if span.size == len(missing):
+        why = "makes the model answerable" if span.size == shard_count else "completes the pool"
+        reason = f"{lack}; {serving} ({room}) {why}"
+    else:
+        reason = (
+            f"{lack}; {serving}, the longest run of them this machine holds ({room}); the rest "
+            "still need nodes"
+        )
+    return Placement(
+        model, first, supply, measured, reason, basis, last=last if last > first else None
+    )
+
+
+def _fitting(placement: Placement, fit: MemoryFit, reason: str) -> Placement:
+    span = placement.span
+    if not fit.fits(span.first, span.last):
+        raise NotEnoughMemory(span.first, fit.cost(span.first, span.last), fit)
+    return replace(placement, reason=reason)
+
+
+def _shards(shards: list[int]) -> str:
+    """[2] → '2'; [0, 1, 2] → '0-2'; [0, 2, 3] → '0, 2-3' (runs of consecutive shards)."""
+    runs: list[list[int]] = []
+    for shard in shards:
+        if runs and shard == runs[-1][-1] + 1:
+            runs[-1].append(shard)
+        else:
+            runs.append([shard])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _size(count: int) -> str:
+    if count < 1024**3:
+        return f"{count / 1024**2:.0f} MiB"
+    return f"{count / 1024**3:.1f} GiB"
 
 
 # -- the reason, in one line ---------------------------------------------------------------------
@@ -437,10 +598,4 @@ def _listing(shards: list[int]) -> str:
     """[0, 1] → '0 and 1'; [0, 1, 2, 5, 7, 8] → '0-2, 5, 7-8' (long lists stay short)."""
     if len(shards) <= 3:
         return ", ".join(map(str, shards[:-1])) + f" and {shards[-1]}"
-    runs: list[list[int]] = []
-    for shard in shards:
-        if runs and shard == runs[-1][-1] + 1:
-            runs[-1].append(shard)
-        else:
-            runs.append([shard])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return _shards(shards)

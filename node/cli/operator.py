@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import socket
@@ -68,6 +69,12 @@ why, e.g. "shard 2 of 3: it has 0 routable nodes (shards 0 and 1 have 1 each)". 
 already registered keeps its shard. --shards N takes the N consecutive shards that are weakest
 together and serves them as one hop (a span, one process, one endpoint), priced and paid per
 shard (each shard at the price, each redeemed on its shard); a span is not rebalanced.
+--shards auto sizes the span: the longest run of consecutive shards with no node (routable or
+joining) whose weights (file size x its quantization's factor) and the node's KV caps fit in
+this machine's available memory less 1 GiB (a fresh pool's first node with room for the whole
+model serves all of it); one shard, the weakest, when every shard has a node (a span helps
+there only if this node outpaces the replicas by the span's length, unknown before it is
+measured). Without --shards a node takes one shard.
 rebalancing: a node placed automatically keeps watching the pool and moves to another shard
 when that gains (a shard with nobody, one below the chain's replica floor while its own keeps
 the floor, or a clear raise of the weakest shard), at most once per 10 minutes, after a delay
@@ -188,8 +195,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         metavar="N|auto",
         help="serve N consecutive shards as one hop (a span: fewer hops for a fast machine), "
-        "the N the pool lacks most together; auto: one shard (a span needs a measured speed "
-        "and memory for it, said when chosen). Not with --shard",
+        "the N the pool lacks most together; auto: the longest run of shards nobody serves "
+        "that this machine's memory holds, else one shard (said why). Not with --shard",
     )
     join.add_argument(
         "--rebalance",
@@ -495,13 +502,16 @@ def _join(args: argparse.Namespace) -> int:
     placement = None
     hosted = args.memory_budget_mb is not None or into is not None
     size = _span_size(args, hosted)
-    from node.agent.placement import AUTO_SPAN_REASON  # lazy: the committee pages reader
-
-    if args.shard is None:
+    if args.shard is None and size is None and not hosted:
+        placement = place_auto(config, model_hash, len(registered), key_hex, manifest_file)
+        _say(f"placement (--shards auto): {placement.reason}; {placement.basis}")
+        if placement.last is not None and args.rebalance:
+            _say("  a span is not rebalanced (--rebalance applies to one shard)")
+    elif args.shard is None:
         placement = place(config, model_hash, len(registered), key_hex, size=size or 1)
         _say(f"placement: {placement.reason}; {placement.basis}")
         if size is None:
-            _say(f"  --shards auto: {AUTO_SPAN_REASON}")
+            _say("  --shards auto: one shard, a seat of a multi-model host serves one shard")
     shard: int = placement.shard if placement is not None else args.shard
     last = placement.last if placement is not None else None
     for each in range(shard, (shard if last is None else last) + 1):
@@ -631,7 +641,8 @@ def _host_seats(args: argparse.Namespace, run_dir: Path) -> Path | None:
 
 
 def _span_size(args: argparse.Namespace, hosted: bool) -> int | None:
-    """--shards: the span's size (1: one shard; None: auto, one shard), checked against the
+    """--shards: the span's size (1: one shard; None: auto, sized from memory and the pool,
+    one shard in a multi-model host), checked against the
     flags it does not go with."""
     size: int | None = args.shards
     if size == 0:  # not given
@@ -660,11 +671,44 @@ def place(config: Any, model_hash: str, shard_count: int, key: str, *, size: int
     that raises its throughput most, from the committee's list of the model's compute nodes
     (node/agent/placement.py); `key`, this home's node key, keeps the shard it is registered
     for. Refuses an unregistered model and a malformed answer by name."""
+    from node.agent.placement import choose_span
+
+    nodes, floor = _read_pool(config, model_hash, shard_count)
+    return choose_span(model_hash, shard_count, nodes, size, own_key=key, floor=floor)
+
+
+def place_auto(
+    config: Any, model_hash: str, shard_count: int, key: str, manifest_file: Path
+) -> Placement:
+    """--shards auto: the span this machine's memory holds that the pool lacks most
+    (node/agent/placement.py `choose_auto_span`): each shard's resident weights from the
+    manifest (size × its quantization's factor), the node's default KV caps, the machine's
+    available memory less a headroom (node/agent/machine_memory.py)."""
+    from node.agent.machine_memory import HEADROOM_BYTES, available_bytes
+    from node.agent.placement import MemoryFit, choose_auto_span
+    from node.server.config import ServerConfig
+    from node.server.seats import resident_weight_bytes
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    fit = MemoryFit(
+        available=available_bytes(),
+        headroom=HEADROOM_BYTES,
+        shard_bytes=tuple(
+            resident_weight_bytes(s.size, s.quant) for s in Manifest.load(manifest_file).shards
+        ),
+        kv_bytes=int(defaults["max_cache_bytes"]) + int(defaults["prefix_cache_bytes"]),
+    )
+    nodes, floor = _read_pool(config, model_hash, shard_count)
+    return choose_auto_span(model_hash, shard_count, nodes, fit, own_key=key, floor=floor)
+
+
+def _read_pool(config: Any, model_hash: str, shard_count: int) -> tuple[Any, int]:
+    """The model's compute nodes and the chain's replica floor, from the committee (nothing to
+    read for an unregistered model: the choice refuses it by name)."""
     from node.agent.placement import (
         DEFAULT_REPLICA_FLOOR,
         MalformedPoolAnswer,
         PoolNode,
-        choose_span,
         read_floor,
         read_pool,
     )
@@ -677,21 +721,19 @@ def place(config: Any, model_hash: str, shard_count: int, key: str, *, size: int
         finally:
             await link.close()
 
-    nodes: tuple[PoolNode, ...] = ()
-    floor = DEFAULT_REPLICA_FLOOR
-    if shard_count:  # else choose_shard refuses the unregistered model by name
-        try:
-            nodes, floor = asyncio.run(read())
-        except MalformedPoolAnswer:
-            raise
-        except PlanetError as error:
-            raise UnavailableError(
-                f"cannot read the pool of {model_hash} from the committee at "
-                f"{config.committee_rpc} to pick a shard: {error.message}",
-                hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
-                + "; or pick the shard yourself: --shard K",
-            ) from None
-    return choose_span(model_hash, shard_count, nodes, size, own_key=key, floor=floor)
+    if not shard_count:
+        return (), DEFAULT_REPLICA_FLOOR
+    try:
+        return asyncio.run(read())
+    except MalformedPoolAnswer:
+        raise
+    except PlanetError as error:
+        raise UnavailableError(
+            f"cannot read the pool of {model_hash} from the committee at "
+            f"{config.committee_rpc} to pick a shard: {error.message}",
+            hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
+            + "; or pick the shard yourself: --shard K",
+        ) from None
 
 
 def _parse_host(given: str) -> str:

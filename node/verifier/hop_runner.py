@@ -8,10 +8,13 @@ For each round `saturate` asks for (hop_probe.py), the verifier draws the sessio
 the epoch's secret seed (hop_schedule.probe_tokens), computes the probed shard's input rows and
 its own outputs with its copies of the shards (hop_session.probe_rows, in a worker thread,
 before the clock starts), and steps them through a one-hop `CircuitClient` to the node
-(hop_session.run_probe). A charging node is paid by the client's `CreditPayer` from the
-operator's credit wallet, as a personal client pays (node/client/paying.py): credits ahead of
-each frame for the positions it carries, so every position the node computes is paid once, at
-the price the node registered on the chain; a node with no registered price is dialled unpaid.
+(hop_session.run_probe). A span node (shards a … b as one hop) is timed as that one hop: shard
+a's inputs in, the verifier's own outputs of shards a … b checked, the layers all of theirs, so
+its speed is the tokens/s of the whole span (what each of its shards gets from it in the pool).
+A charging node is paid by the client's `CreditPayer` from the operator's credit wallet, as a
+personal client pays (node/client/paying.py): credits ahead of each frame for the positions it
+carries, so every position the node computes is paid once, at the price the node registered on the
+chain; a node with no registered price is dialled unpaid.
 
 No timing (None, logged by the worker) when the node cannot be dialled, refuses a session or a
 credit, closes the stream, answers a wrong output or runs past `HopSettings.timeout_s`: as for
@@ -32,7 +35,7 @@ import aiohttp
 
 from node.client.circuit import CircuitClient
 from node.client.paying import CreditPayer
-from node.client.types import Hop
+from node.client.types import Hop, payee
 from node.server.next_hops import Network, PublicResolver, address_refusal
 from node.verifier.hop_probe import Clock, HopProbe, HopResult, saturate
 from node.verifier.hop_schedule import HopSettings, ProbeTarget, candidates, choose, probe_tokens
@@ -112,9 +115,13 @@ class HopRunner:
             allowed=self.allowed,
         )
 
-    def layers(self, shard: int) -> int:
-        start, end = self.reference.shards[shard].layers
-        return int(end) - int(start)
+    def layers(self, shard: int, last: int | None = None) -> int:
+        """Layers of `shard` (through `last`: a span's) in the verifier's manifest."""
+        total = 0
+        for each in range(shard, shard + 1 if last is None else last + 1):
+            start, end = self.reference.shards[each].layers
+            total += int(end) - int(start)
+        return total
 
     async def time_node(self, target: ProbeTarget, seed: bytes, epoch: int) -> Timing | None:
         """`target` timed alone (its fastest clean probe), or None: no timing."""
@@ -137,23 +144,25 @@ class HopRunner:
         sessions, result = found
         positions = sessions * self.settings.positions
         return Timing(
-            target.key, target.shard, self.layers(target.shard), positions, result.seconds,
-            sessions,
+            target.key, target.shard, self.layers(target.shard, target.last), positions,
+            result.seconds, sessions,
         )  # fmt: skip
 
     async def _saturated(
         self, target: ProbeTarget, seed: bytes, epoch: int
     ) -> tuple[int, HopResult] | None:
         settings, reference = self.settings, self.reference
-        shard = target.shard
-        hop = Hop(target.endpoint, shard, target.key)
+        shard, span = target.shard, target.span
+        hop = Hop(target.endpoint, shard, target.key, last=target.last)
         payer = self.payer if target.charging else None
-        if payer is not None:
+        if payer is not None:  # a span hop is paid per shard (node/client/types.py `payee`)
             assert isinstance(payer.prices, dict)
-            payer.prices[target.endpoint] = int(target.price or 0)
-            payer.parties[target.endpoint] = node_party(
-                bytes.fromhex(target.key), reference.model_hash, shard
-            )
+            for each, price in target.prices():
+                name = payee(target.endpoint, None if span.size == 1 else each)
+                payer.prices[name] = int(price or 0)
+                payer.parties[name] = node_party(
+                    bytes.fromhex(target.key), reference.model_hash, each
+                )
         connector = None if self.private_ranges else aiohttp.TCPConnector(resolver=PublicResolver())
         rounds = iter(range(1 << 16))
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -178,10 +187,12 @@ class HopRunner:
                         reference.shards[:shard],
                         reference.shards[shard],
                         tokens,
+                        reference.shards[shard + 1 : span.last + 1],
                     )
                     probe = HopProbe(
-                        target.key, shard, self.layers(shard), sessions, settings.positions
-                    )
+                        target.key, shard, self.layers(shard, target.last), sessions,
+                        settings.positions,
+                    )  # fmt: skip
                     return await run_probe(client, probe, rows, self.tolerance, self.clock)
 
                 return await saturate(

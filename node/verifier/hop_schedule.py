@@ -5,12 +5,14 @@ shard's inputs and outputs with its own copies of the shards) and, at a charging
 So each epoch it times a bounded number of nodes, `HopSettings.per_epoch`, drawn so:
 
 - among the `/nodes` entries of its model that are routable now, with a well-formed key, a
-  dialable endpoint (`allowed`: the verifier's address policy) and one shard of the model
-  (`candidates`);
-- a charging node (a price registered on the chain, > 0) only when the verifier has credits to
-  pay it with (`can_pay`); a node with no registered price is probed unpaid (the chain redeems
-  nothing there: such a node is routed only while it asks nothing; if it charges anyway it
-  refuses the probe and gets no timing);
+  dialable endpoint (`allowed`: the verifier's address policy) and one shard of the model or a
+  span of its consecutive shards (`candidates`; a span is timed as one hop: its first shard's
+  inputs in, its last shard's outputs checked, its speed the tokens/s through all its layers,
+  reported under the node's key as every speed is);
+- a charging node (a price registered on the chain, > 0, on any shard of it) only when the verifier
+  has credits to pay it with (`can_pay`); a node with no registered price is probed unpaid (the
+  chain redeems nothing there: such a node is routed only while it asks nothing; if it charges
+  anyway it refuses the probe and gets no timing);
 - first the nodes with no probe in the speed window (`recent`: the probes `EpochSpeeds`
   still holds), then the others; within each, in the order of
   `sha256("planet/hop-probe/v1" ‖ seed ‖ epoch ‖ key)` with the epoch's secret seed (the
@@ -20,8 +22,8 @@ So each epoch it times a bounded number of nodes, `HopSettings.per_epoch`, drawn
 Each probe is `sessions` sessions of `positions` positions at first; `saturate` doubles the
 sessions up to `most_sessions` while the time per position still drops (hop_probe.py). The
 verifier's CPU for one node is then at most (sessions + 2·sessions + … + most_sessions) ×
-positions positions through the shards up to the probed one (two passes of the probed shard:
-the input rows and its own outputs); `most_sessions == sessions` is one probe.
+positions positions through the shards up to the probed one and then the probed shard (a
+span's shards) for its own outputs; `most_sessions == sessions` is one probe.
 
 The tokens each session steps are drawn from the same seed (`probe_tokens`), fresh for every
 node, round and session: a node never sees the same input twice, so it cannot answer from a
@@ -38,6 +40,7 @@ from typing import Any
 
 from node.client.chain_prices import chain_price
 from node.verifier.speeds import MIN_TIMED_TOKENS
+from protocol.spans import NonContiguousSpanError, ShardSpan, span_of
 
 KEY = re.compile(r"[0-9a-f]{64}")
 ENDPOINT = re.compile(r"https?://[^/?#@\s]{1,250}")
@@ -74,21 +77,35 @@ class HopSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProbeTarget:
-    """A node to time: its key, endpoint, shard and chain price (positions per credit; 0 free,
-    None none registered)."""
+    """A node to time: its key, endpoint, shard (a span's first) and chain price (positions per
+    credit; 0 free, None none registered); a span's last shard and the price of each of its
+    shards after the first (a span hop is paid per shard)."""
 
     key: str
     endpoint: str
     shard: int
     price: int | None
+    last: int | None = None  # None: `shard` alone
+    later_prices: tuple[int | None, ...] = ()  # shards shard+1 … last, in order
+
+    @property
+    def span(self) -> ShardSpan:
+        return ShardSpan(self.shard, self.shard if self.last is None else self.last)
+
+    def prices(self) -> tuple[tuple[int, int | None], ...]:
+        """(shard, its chain price) for every shard the probe runs through (a later price not
+        given: None, none registered)."""
+        later = (*self.later_prices, *(None,) * self.span.size)[: self.span.size - 1]
+        return tuple(zip(self.span.shards, (self.price, *later), strict=True))
 
     @property
     def charging(self) -> bool:
-        return bool(self.price)
+        return any(price for _, price in self.prices())
 
 
 def candidates(entries: Iterable[Any], shard_count: int) -> list[ProbeTarget]:
-    """The routable, well-formed `/nodes` entries of one shard of the model (others skipped)."""
+    """The routable, well-formed `/nodes` entries of one shard of the model or one contiguous
+    span of its shards (others skipped)."""
     out: list[ProbeTarget] = []
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("routable") is not True:
@@ -98,12 +115,22 @@ def candidates(entries: Iterable[Any], shard_count: int) -> list[ProbeTarget]:
             continue
         if not isinstance(endpoint, str) or not ENDPOINT.fullmatch(endpoint.rstrip("/")):
             continue
-        if not isinstance(shards, list) or len(shards) != 1:
+        try:
+            span = span_of(shards)
+        except NonContiguousSpanError:
             continue
-        shard = shards[0]
-        if type(shard) is not int or not 0 <= shard < shard_count:
+        if span.last >= shard_count:
             continue
-        out.append(ProbeTarget(key, endpoint.rstrip("/"), shard, chain_price(entry, shard)))
+        out.append(
+            ProbeTarget(
+                key,
+                endpoint.rstrip("/"),
+                span.first,
+                chain_price(entry, span.first),
+                last=span.last if span.size > 1 else None,
+                later_prices=tuple(chain_price(entry, s) for s in span.shards[1:]),
+            )
+        )
     return out
 
 

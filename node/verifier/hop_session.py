@@ -50,10 +50,12 @@ def probe_rows(
     before: Sequence[Any],
     probed: Any,
     tokens: Sequence[Sequence[int]],
+    after: Sequence[Any] = (),
 ) -> ProbeRows:
     """The rows of one probe: `tokens` per session (the verifier's own draw), through `embed`
     and the shards `before` the probed one (each a ShardModel: `new_cache`, `forward`), then
-    `probed` for the expected outputs."""
+    `probed` and, for a span hop, the span's further shards `after` (unrounded between them, as
+    a span runs them in one process) for the expected outputs."""
     inputs: list[np.ndarray] = []
     expected: list[torch.Tensor] = []
     with torch.inference_mode():
@@ -64,7 +66,10 @@ def probe_rows(
                 hidden = shard.forward(hidden, positions, shard.new_cache())
             sent = hidden.to(torch.float16).to(torch.float32)  # what the node receives
             inputs.append(sent.numpy().astype(np.float16))
-            expected.append(probed.forward(sent, positions, probed.new_cache()))
+            out = probed.forward(sent, positions, probed.new_cache())
+            for shard in after:
+                out = shard.forward(out, positions, shard.new_cache())
+            expected.append(out)
     return ProbeRows(tuple(inputs), tuple(expected))
 
 

@@ -559,3 +559,47 @@ def test_join_help_teaches_rebalancing(capsys) -> None:
     assert "--rebalance, --no-rebalance" in out
     assert "default: on with auto placement, off with --shard K" in out
     assert "A node joined with --shard K stays there" in out and "rebalance: stayed" in out
+
+
+# -- join --shards auto: the span sized from this machine's memory and the pool ------------------
+
+
+def _joinable_tiny(env: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[Any]) -> Manifest:
+    manifest = Manifest.load(_tiny_model(env / "models" / "tiny-2p"))
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    _committee_answering(monkeypatch, {"nodes": nodes})
+    _stop_after_the_shard_check(monkeypatch)
+    return manifest
+
+
+def test_join_shards_auto_on_a_fresh_pool_serves_the_whole_model(env, capsys, monkeypatch) -> None:
+    import node.agent.machine_memory as machine_memory
+
+    monkeypatch.setattr(machine_memory, "available_bytes", lambda: 64 * 1024**3)
+    manifest = _joinable_tiny(env, monkeypatch, [])
+    code, err = _run(capsys, "join", "--model", "tiny-2p", "--shards", "auto")
+    assert code == 2 and "stopped after the shard check" in err, err
+    assert "placement (--shards auto): shards 0-1 of 2 have no node; serving them as one hop" in err
+    assert "of 64.0 GiB available less 1.0 GiB headroom) makes the model answerable" in err
+    assert f"checking shard 0 of {manifest.model_hash}" in err
+    assert f"checking shard 1 of {manifest.model_hash}" in err
+
+
+def test_join_without_shards_stays_one_shard_on_a_fresh_pool(env, capsys, monkeypatch) -> None:
+    manifest = _joinable_tiny(env, monkeypatch, [])
+    code, err = _run(capsys, "join", "--model", "tiny-2p")
+    assert code == 2 and "placement: shard 0 of 2: no shard has a routable node yet" in err
+    assert f"checking shard 1 of {manifest.model_hash}" not in err
+
+
+def test_join_shards_auto_without_memory_for_a_shard_is_an_error(env, capsys, monkeypatch) -> None:
+    import node.agent.machine_memory as machine_memory
+
+    monkeypatch.setattr(machine_memory, "available_bytes", lambda: 2 * 1024**3)
+    _joinable_tiny(env, monkeypatch, [])
+    code, err = _run(capsys, "join", "--model", "tiny-2p", "--shards", "auto")
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[-2].startswith("error: shard 0 needs "), err
+    assert "this machine has 2.0 GiB available less 1.0 GiB headroom" in lines[-2]
+    assert lines[-1].startswith("hint: ") and "checking shard" not in err

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from node.agent.placement import AUTO_SPAN_REASON, PoolNode, choose_shard, choose_span
+from node.agent.placement import PoolNode, choose_shard, choose_span
 from node.server.config import ServerConfig
 from protocol.errors import ConfigError, UsageError
 from protocol.spans import NonContiguousSpanError, ShardSpan, parse_span_arg, span_of
@@ -55,10 +55,6 @@ def test_choose_span_longer_than_the_model_is_a_user_error() -> None:
 def test_an_already_registered_span_keeps_its_shards() -> None:
     own = node(9, 1, 2)
     assert choose_span(MODEL, 3, [own], 2, own_key=own.key).span == ShardSpan(1, 2)
-
-
-def test_auto_says_why_it_takes_one_shard() -> None:
-    assert "one shard" in AUTO_SPAN_REASON and "--shards N" in AUTO_SPAN_REASON
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from node.model.shard import ShardModel
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.next_hops import parse_ranges
+from node.server.span_backend import SpanBackend
 from node.verifier.hop_runner import HopRunner, Timing
 from node.verifier.hop_schedule import (
     HopSettings,
@@ -87,7 +88,7 @@ def test_only_routable_well_formed_dialable_nodes_and_charging_ones_only_with_cr
         _entry(KEYS[0]),
         _entry(KEYS[1], routable=False),
         _entry(KEYS[2], shard=5),  # no such shard
-        {**_entry(KEYS[3]), "shards": [0, 1]},  # a span: not one shard
+        {**_entry(KEYS[3]), "shards": [0, 2]},  # not one contiguous run
         {**_entry(KEYS[4]), "endpoint": "ftp://x:1"},
         {**_entry(KEYS[5]), "key": "zz" * 32},
         _entry(KEYS[6], price=64),  # charging
@@ -105,6 +106,19 @@ def test_only_routable_well_formed_dialable_nodes_and_charging_ones_only_with_cr
     assert keys(can_pay=True) == {KEYS[0], KEYS[6], KEYS[7]}
     refused = f"http://127.0.0.1:{46000 + int(KEYS[0][:2], 16)}"
     assert keys(can_pay=True, allowed=lambda url: url != refused) == {KEYS[6], KEYS[7]}
+
+
+def test_a_span_is_a_target_timed_as_one_hop_and_charging_when_any_shard_charges() -> None:
+    span = {**_entry(KEYS[0]), "shards": [1, 2], "prices": {"1": 0, "2": 64}}
+    past = {**_entry(KEYS[1]), "shards": [2, 3]}  # past the model's 3 shards
+    free = {**_entry(KEYS[2]), "shards": [0, 1], "prices": {"0": 0, "1": 0}}
+    found = candidates([span, past, free], 3)
+    assert [(t.key, t.span.shards) for t in found] == [(KEYS[0], (1, 2)), (KEYS[2], (0, 1))]
+    assert found[0].prices() == ((1, 0), (2, 64)) and found[0].charging
+    assert found[1].prices() == ((0, 0), (1, 0)) and not found[1].charging
+    assert candidates([_entry(KEYS[3], 1)], 3)[0].last is None  # one shard: no span
+    chosen = choose(found, seed=SEED, epoch=1, count=9, recent=(), can_pay=False)
+    assert [t.key for t in chosen] == [KEYS[2]]
 
 
 def test_the_address_policy_dials_private_endpoints_only_in_allowed_ranges() -> None:
@@ -292,3 +306,37 @@ async def test_the_runner_times_a_real_node_alone_and_not_one_serving_another_sh
     # a node that is not there: no timing
     gone = ProbeTarget(key, "http://127.0.0.1:9", 1, None)
     assert await runner.time_node(gone, SEED, 4) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_quarters(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 shards of one layer each: a span of two is as deep as one shard of `tiny_split` (the
+    random tiny model's top-k rows have near-ties that more layers of rounding can swap)."""
+    root = tmp_path_factory.mktemp("tiny-quarters")
+    make_tiny_model(root / "src", layers=4, hidden=64, tied=False)
+    return prepare(root / "src", parts=4, out=root / "p4", progress=lambda _: None)
+
+
+async def test_the_runner_times_a_span_node_as_one_hop_through_all_its_layers(
+    aiohttp_server, tiny_quarters
+) -> None:
+    manifest = tiny_quarters
+    config = ServerConfig(manifest_path=manifest, shard_id=1, last_shard=2)
+    span = SpanBackend([ModelShardBackend(manifest, s, device="cpu") for s in (1, 2)])
+    _, hops = await serve_circuit(aiohttp_server, [(config, span)])
+    reference = SimpleNamespace(
+        head=ClientHead.load(manifest, device="cpu"),
+        shards=[ShardModel.load(manifest, k, device="cpu") for k in range(4)],
+        model_hash="sha256:" + "00" * 32,
+    )
+    settings = HopSettings(per_epoch=1, sessions=4, most_sessions=4, positions=4)
+    runner = HopRunner(
+        reference, EXACT_ENOUGH, settings, private_ranges=parse_ranges("127.0.0.0/8")
+    )
+    key = "cd" * 32
+    url = hops[0].url
+    timed = await runner.time_node(ProbeTarget(key, url, 1, None, last=2), SEED, 4)
+    assert timed is not None and (timed.node, timed.shard, timed.layers) == (key, 1, 2)
+    assert timed.positions == 16 and timed.seconds > 0
+    # the span asked as shard 1 alone: its answer is shard 2's output, wrong for shard 1
+    assert await runner.time_node(ProbeTarget(key, url, 1, None), SEED, 4) is None
