@@ -18,6 +18,7 @@ every process (and is idempotent): the conftest's teardown checks it.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -141,12 +142,20 @@ def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int
 
 
 def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
-    """Send `body` signed with operator node<i>'s node key; (FinalizeBlock code, log)."""
+    """Send `body` signed with operator node<i>'s node key; (FinalizeBlock code, log). The
+    node's agent signs with the same key (heartbeats, commitments, redemptions) and under load
+    took the nonce of all three of `CommitteeLink.send`'s tries in one CI-like run: it is
+    paused (SIGSTOP) while the test's tx is sent, then resumed."""
     from node.keys import load_node_key
 
     password = Path(devnet["password_file"]).read_text()
     home = Path(devnet["operators"][node])
-    return _send_signed(load_node_key(home / "node_key.json", password), devnet, body)
+    agent = int(json.loads((home / "run" / "joined.json").read_text())["agent_pid"])
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        return _send_signed(load_node_key(home / "node_key.json", password), devnet, body)
+    finally:
+        os.kill(agent, signal.SIGCONT)
 
 
 def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
