@@ -432,9 +432,10 @@ class CircuitClient:
         self.vouches: dict[int, VouchBook] = {}
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
-        # sid -> a second hop blamed with it (a ring's first and last hop disagree on a row:
-        # the client cannot tell which lied, node/client/ring.py `check_vouched`)
-        self.co_blamed: dict[int, int] = {}
+        # sid -> more hops blamed with it (a ring's relayed row is not the one its last hop
+        # vouched for: the client cannot tell which hop lied, node/client/ring.py
+        # `check_vouched`)
+        self.co_blamed: dict[int, frozenset[int]] = {}
         # sid -> index of the hop whose refusal named the blamed hop (absent: the client saw
         # the blamed hop fail itself)
         self.named: dict[int, int] = {}
@@ -785,20 +786,25 @@ class CircuitClient:
         return item
 
     def blame_hop(
-        self, sid: int, index: int, *, named_by: int | None = None, also: int | None = None
+        self,
+        sid: int,
+        index: int,
+        *,
+        named_by: int | None = None,
+        also: Sequence[int] = (),
     ) -> None:
         """Remember that hop `index` failed session `sid` (the first fault counts); `named_by`:
         the hop whose refusal named it (NEXT_HOP_FAULTS), None when the client saw it fail;
-        `also`: a second hop blamed with it (one of the two lied, the client cannot tell
-        which). Kept after the session closed, for the failover that asks; only the latest
+        `also`: more hops blamed with it (one of them lied, the client cannot tell which).
+        Kept after the session closed, for the failover that asks; only the latest
         MAX_BLAMED are kept."""
         if sid in self.blame:
             return
         self.blame[sid] = index
         if named_by is not None:
             self.named[sid] = named_by
-        if also is not None:
-            self.co_blamed[sid] = also
+        if also:
+            self.co_blamed[sid] = frozenset(also)
         while len(self.blame) > MAX_BLAMED:
             oldest = next(iter(self.blame))
             self.named.pop(oldest, None)
@@ -814,8 +820,7 @@ class CircuitClient:
         """Hops known to have failed session `sid`: the one that refused it or answered badly,
         and every hop whose link closed. Empty when the failure named nobody (a stall)."""
         blamed = {self.blame[sid]} if sid in self.blame else set()
-        if sid in self.co_blamed:
-            blamed.add(self.co_blamed[sid])
+        blamed |= self.co_blamed.get(sid, frozenset())
         return set(self.lost_hops) | blamed
 
     async def logits(self, head: Head, hidden_last: np.ndarray) -> np.ndarray:

@@ -10,9 +10,12 @@ hidden row it was chosen from. For each token it computes the logits from that r
 own head and draws its own sample from its own Generator (the same seed, one draw per token):
 a token that differs stops the session (`RingMismatchError`, the first hop blamed) and nothing
 more is paid (greedy: a token whose logit ties the client's argmax within `TIE_TOLERANCE`, as
-the same head computed elsewhere may round its last bits otherwise, is the node's to pick). It
-yields the tokens the client-driven loop would yield (`CircuitClient.generate`: same stop rule,
-same limit).
+the same head computed elsewhere may round its last bits otherwise, is the node's to pick).
+With K > 1 and a last hop that vouches (`CircuitClient.vouch_ready`), each token's row is
+first checked against the digest the last hop sent on the client's own link for that position
+(`check_vouched`, node/client/ring_vouch.py): a first node that fabricates a row AND the token
+that row gives is caught there. It yields the tokens the client-driven loop would yield
+(`CircuitClient.generate`: same stop rule, same limit).
 
 Payment ahead of the loop: right after the prompt's last chunk went, and after each tokens
 message, every charging hop i is paid up to min(next + price_i, N + M − 1) positions, where
@@ -66,7 +69,7 @@ class RingCircuit(Protocol):
     async def pay_upto(self, sid: int, targets: Sequence[int]) -> None: ...
 
     def blame_hop(
-        self, sid: int, index: int, *, named_by: int | None = None, also: int | None = None
+        self, sid: int, index: int, *, named_by: int | None = None, also: Sequence[int] = ()
     ) -> None: ...
 
     async def close(self, sid: int) -> None: ...
@@ -100,15 +103,17 @@ async def check_vouched(
     client: RingCircuit, sid: int, book: VouchBook, position: int, row: bytes
 ) -> None:
     """The row a ring token came with is the one the last hop vouched for (node/client/
-    ring_vouch.py), else the session stops `ring_token_mismatch`: the first hop relayed a row
-    the last hop did not produce, or the last hop vouched falsely; the client cannot tell which
-    of the two lied, so both are blamed (the failover replaces both). A vouch out of the
-    session's grammar (`bad_vouch`) is the last hop's alone."""
+    ring_vouch.py), else the session stops `ring_token_mismatch`. The client cannot tell who
+    lied: the first hop (it relayed a row the last hop did not produce), the last hop (it
+    vouched falsely) or a middle hop (K ≥ 3: it altered the row on its way back up); so every
+    hop of the circuit is blamed and the failover replaces them all (blaming the first hop
+    alone would let a lying last or middle hop eject honest first nodes for free, and stay).
+    A vouch out of its session's grammar (`bad_vouch`) is the last hop's alone."""
     last = len(client.hops) - 1
     try:
-        await book.check(position, row, f"nodes {client.hops[0].url} and {client.hops[-1].url}")
+        await book.check(position, row, f"nodes {client.hops[0].url} … {client.hops[-1].url}")
     except RingMismatchError:
-        client.blame_hop(sid, 0, also=last)
+        client.blame_hop(sid, 0, also=range(1, last + 1))
         raise
     except VouchError:
         client.blame_hop(sid, last)

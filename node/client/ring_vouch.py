@@ -9,8 +9,9 @@ Positions must increase from message to message and lie within 0 … `last` (the
 vouches for the prompt's chunks: those below `first` are not kept); anything else is
 `VouchError` (`bad_vouch`), the last hop's fault. A row whose digest differs from the last hop's,
 or for which no digest came within `wait_s`, is `RingMismatchError`: the first hop relayed a row
-the last hop did not vouch for, or the last hop lied about it — the client cannot tell which
-(node/client/ring.py blames both).
+the last hop did not vouch for, the last hop lied about it, or (K ≥ 3) a middle hop altered
+it on its way back up — the client cannot tell which (node/client/ring.py `check_vouched`
+blames every hop).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class VouchBook:
 
     async def check(self, position: int, row: bytes, who: str) -> None:
         """The row a ring token came with at `position` is the one the last hop vouched for,
-        within `wait_s`; else RingMismatchError naming `who` (the first and last hops)."""
+        within `wait_s`; else RingMismatchError naming `who` (the circuit's hops)."""
         if self.failed is not None:
             raise self.failed
         try:
