@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from protocol.frames.codecs import decode_values, encode_body
-from protocol.frames.errors import BadBodyError, BadHeaderError, BadPositionsError, TooLargeError
+from protocol.frames.errors import (
+    BadBodyError,
+    BadHeaderError,
+    BadPositionsError,
+    FrameError,
+    TooLargeError,
+)
 from protocol.frames.header import FRAME_VERSION, MAX_POSITION
 
 RING_VOUCH_KIND: Final = 0x03
@@ -43,6 +49,15 @@ DIGEST_BYTES: Final = 8
 _HEADER = struct.Struct(">BBIH")
 _ITEM = struct.Struct(f">I{DIGEST_BYTES}s")
 MAX_VOUCH_BYTES: Final = _HEADER.size + MAX_VOUCHES * _ITEM.size
+
+
+class VouchError(FrameError):
+    """The last hop of a ring sent a vouch its session refuses: outside the positions the loop
+    may compute, not after the ones it vouched before, for a sid no ring asked to vouch, or on
+    another hop's link."""
+
+    code = "bad_vouch"
+    http_status = 502
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +128,7 @@ __all__ = [
     "MAX_VOUCH_BYTES",
     "RING_VOUCH_KIND",
     "RingVouch",
+    "VouchError",
     "is_ring_vouch",
     "last_row_body",
     "pack_ring_vouch",

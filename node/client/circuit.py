@@ -48,7 +48,7 @@ import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_prefix_salt, hop_tag
 from node.client.paying import CreditPayer, UnpaidError, payee
-from node.client.ring_vouch import VouchBook, VouchError
+from node.client.ring_vouch import VouchBook
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
@@ -72,7 +72,7 @@ from protocol.open_features import OLD_NODE, OpenFeatures
 from protocol.prefix_routes import route_keys
 from protocol.ring import RingSpec
 from protocol.ring_tokens import RingTokens, is_ring_tokens, parse_ring_tokens
-from protocol.ring_vouch import is_ring_vouch, parse_ring_vouch
+from protocol.ring_vouch import VouchError, is_ring_vouch, parse_ring_vouch
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
     MAX_NEXT_ALTERNATES,

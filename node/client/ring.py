@@ -33,10 +33,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from node.client.capabilities import new_session_id
-from node.client.ring_vouch import VouchBook, VouchError
+from node.client.ring_vouch import VouchBook
 from node.client.types import Head, Timings
 from protocol.frames.codecs import decode_values
 from protocol.ring import MAX_RING_TOKENS, RingMismatchError, RingSpec
+from protocol.ring_vouch import VouchError
 from protocol.sampling import SamplingConfig, sample
 
 

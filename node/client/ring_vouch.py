@@ -20,15 +20,7 @@ import asyncio
 
 from protocol.frames.errors import FrameError
 from protocol.ring import RingMismatchError
-from protocol.ring_vouch import RingVouch, row_digest
-
-
-class VouchError(FrameError):
-    """The last hop of a ring sent a vouch outside its session's positions (beyond the last one
-    the loop may compute, or not after the ones it vouched before)."""
-
-    code = "bad_vouch"
-    http_status = 502
+from protocol.ring_vouch import RingVouch, VouchError, row_digest
 
 
 class VouchBook:

@@ -21,7 +21,6 @@ import node.client.ring as client_ring
 import node.server.ring_vouch as server_vouch
 from node.client.circuit import CircuitClient
 from node.client.ring import generate_ring, ring_tokens
-from node.client.ring_vouch import VouchError
 from node.client.sampling import SamplingConfig
 from node.model.head import ClientHead
 from node.model.prepare import prepare
@@ -33,6 +32,7 @@ from protocol.ring import RingMismatchError
 from protocol.ring_vouch import (
     MAX_VOUCHES,
     RING_VOUCH_KIND,
+    VouchError,
     pack_ring_vouch,
     parse_ring_vouch,
     row_digest,
