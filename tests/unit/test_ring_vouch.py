@@ -412,3 +412,29 @@ async def test_ring_vouch_message_sent_to_a_node_refused_by_name_node_serves_on(
     async with CircuitClient(hops, hidden_size=H, dtype="float32") as client:
         await learn_features(client)
         assert await _ring(client, head, ids) == _expected(model, ids)
+
+
+async def test_ring_vouch_book_bounds_and_checks():
+    """The client's book: positions within 0 … last and after those vouched before, rows below
+    the first token's not kept; a row vouched past but never for is a mismatch at once."""
+    from node.client.ring_vouch import VouchBook
+    from protocol.ring_vouch import RingVouch
+
+    book = VouchBook(first=10, last=20, wait_s=5)
+    book.take(RingVouch(1, (4, 9, 10), (b"a" * 8, b"b" * 8, row_digest(b"row10"))))
+    assert set(book._digests) == {10}  # the prompt's chunks are not kept
+    for positions in ((10,), (9,), (21,), (12, 21)):
+        with pytest.raises(VouchError):
+            book.take(RingVouch(1, positions, tuple(bytes(8) for _ in positions)))
+    await book.check(10, b"row10", "nodes")
+    book.take(RingVouch(1, (12,), (row_digest(b"row12"),)))
+    with pytest.raises(RingMismatchError):
+        await book.check(11, b"row11", "nodes")  # vouched past 11, never for it
+    with pytest.raises(RingMismatchError):
+        await book.check(12, b"another", "nodes")
+    quick = VouchBook(first=0, last=5, wait_s=0.05)
+    with pytest.raises(RingMismatchError):
+        await quick.check(0, b"row0", "nodes")  # no vouch came within wait_s
+    quick.fail(VouchError("bad"))
+    with pytest.raises(VouchError):
+        await quick.check(1, b"row1", "nodes")
