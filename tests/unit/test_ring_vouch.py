@@ -27,7 +27,6 @@ from node.model.prepare import prepare
 from node.server.ring import RingLoop
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import FrameError
-from protocol.open_features import OpenFeatures
 from protocol.ring import RingMismatchError
 from protocol.ring_vouch import (
     MAX_VOUCHES,
@@ -112,32 +111,36 @@ async def test_ring_vouch_honest_ring_same_tokens_every_token_checked_but_k1(
     assert checked == ([] if parts == 1 else list(range(n - 1, n - 1 + STEPS)))
 
 
-async def test_ring_vouch_bytes_per_token_measured_against_a_ring_without_vouches(
-    aiohttp_server, tiny
+async def test_ring_vouch_bytes_per_token_measured_on_the_last_hops_link(
+    aiohttp_server, tiny, monkeypatch
 ):
     """The vouching adds what the client receives from the last hop: one small message per
-    batch of rows (printed for the report; equal tokens either way)."""
+    batch of its outputs, a vouch for each (printed for the report)."""
+    import node.client.circuit as circuit
+
     model, manifests = tiny
     head = ClientHead.load(manifests[2], device="cpu")
     ids = head.encode(PROMPT)
     servers = await start_nodes(aiohttp_server, manifests[2], [0, 1])
-    received = {}
-    for vouch in (False, True):
-        async with CircuitClient(
-            hops_of(servers, [0, 1]), hidden_size=H, dtype="float32", prefill_chunk=64
-        ) as client:
-            await learn_features(client)
-            if not vouch:  # the last hop as a node of before
-                last = client.hops[-1].url
-                client.open_features[last] = OpenFeatures(next_alternates=True, ring_back=True)
-            assert client.vouch_ready() == vouch
-            assert await _ring(client, head, ids) == _expected(model, ids)
-            received[vouch] = client.bytes_received
-    added = received[True] - received[False]
-    # one message per output of the last hop: the prompt's one chunk and STEPS - 1 decode steps
-    # (2 bytes of WebSocket framing, 8 of header, 12 per vouch when each batch holds one)
-    assert 0 < added <= STEPS * (2 + 8 + 12)
-    print(f"ring vouch: {added} bytes for {STEPS} tokens ({added / STEPS:.1f} B/token)")
+    sizes: list[int] = []
+    real = circuit._Link._vouch
+
+    def counting(self: Any, data: bytes) -> None:
+        sizes.append(len(data))
+        real(self, data)
+
+    monkeypatch.setattr(circuit._Link, "_vouch", counting)
+    async with CircuitClient(
+        hops_of(servers, [0, 1]), hidden_size=H, dtype="float32", prefill_chunk=64
+    ) as client:
+        await learn_features(client)
+        assert await _ring(client, head, ids) == _expected(model, ids)
+        assert not client.blame
+    # the prompt's one chunk and STEPS - 1 decode steps: STEPS rows vouched for, 8 bytes of
+    # header a message and 12 a vouch
+    assert sum(sizes) == 8 * len(sizes) + 12 * STEPS and 1 <= len(sizes) <= STEPS
+    wire = sum(sizes) + 2 * len(sizes)  # a server's WebSocket frame: 2 bytes of header here
+    print(f"ring vouch: {wire} bytes in {len(sizes)} messages for {STEPS} tokens")
 
 
 # ------------------------------------------------------------------------------ liars
