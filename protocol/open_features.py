@@ -10,6 +10,8 @@ that advertise it parse, because a node of before refuses an open with a field i
                       (a node behind NAT, docs/overlay.md), dialled when `next.url` is not reached
     ring_back         `back`: a later hop sends its outputs (or its next hop's) back up the link
                       that fed it (the ring's return path, docs/overlay.md *The ring*)
+    ring_vouch        `vouch`: the last hop of a ring sends the client the digest of each row
+                      it sends back up (protocol/ring_vouch.py)
     ring              `ring`: the first hop runs the session's decode loop (it holds the
                       model's client head; advertised only then)
 
@@ -29,10 +31,11 @@ from protocol.errors import ProtocolError
 
 NEXT_ALTERNATES: Final = "next_alternates"
 RING_BACK: Final = "ring_back"
+RING_VOUCH: Final = "ring_vouch"
 RING: Final = "ring"
 # what this code's nodes advertise (node/server/info_body.py), in this order; RING after them
 # where the node holds the client head
-ADVERTISED: Final = (NEXT_ALTERNATES, RING_BACK)
+ADVERTISED: Final = (NEXT_ALTERNATES, RING_BACK, RING_VOUCH)
 MAX_FEATURES: Final = 32
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
@@ -51,6 +54,7 @@ class OpenFeatures:
     next_alternates: bool = False
     ring_back: bool = False
     ring: bool = False
+    ring_vouch: bool = False
 
 
 OLD_NODE: Final = OpenFeatures()  # no advertisement: only the first open's fields
@@ -73,7 +77,10 @@ def parse_open_features(value: Any) -> OpenFeatures:
             raise BadOpenFeaturesError(f"open_features[{index}] repeats {item}")
         names.add(item)
     return OpenFeatures(
-        next_alternates=NEXT_ALTERNATES in names, ring_back=RING_BACK in names, ring=RING in names
+        next_alternates=NEXT_ALTERNATES in names,
+        ring_back=RING_BACK in names,
+        ring=RING in names,
+        ring_vouch=RING_VOUCH in names,
     )
 
 

@@ -13,7 +13,8 @@ the body's size is checked against count × hidden size before anything is decod
     client → node   {"op": "open", "sid", "session": capability, "shard",
                      "feed": token | null, "next": {"url", "shard", "feed": token
                      [, "key": node key[, "alternates": [url, ...]]]} | null
-                     [, "prefix": salt][, "route": keys][, "ring": spec][, "back": true]}
+                     [, "prefix": salt][, "route": keys][, "ring": spec][, "back": true]
+                     [, "vouch": true]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)[, "assignment": 128 hex chars (its holder's assignment of it to this
@@ -63,7 +64,10 @@ ring*), or, `back: true` (only a later hop's), ask that hop to send what it outp
 hop) or what its next hop sends back (a middle hop) back up the link that fed it, under the
 sid that link attached with, instead of on the client's link. A node of before refuses both
 (`bad_control`): clients send them only to nodes whose /info lists `ring` / `ring_back`
-(protocol/open_features.py).
+(protocol/open_features.py). `vouch: true` (only with `back`, on the hop with `next: null`):
+that last hop also sends the client, on the client's own link, the digest of every output row
+it sends back (ring vouches, protocol/ring_vouch.py); clients send it only to nodes whose /info
+lists `ring_vouch`.
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -229,6 +233,7 @@ class Control:
     route: tuple[str, ...] = ()  # open: its prompt's prefix-route keys for this node
     ring: RingSpec | None = None  # open (first hop): run the session's decode loop here
     back: bool = False  # open (later hop): outputs go back up the link that fed this hop
+    vouch: bool = False  # open (last hop, back): digests of its rows to the client's link
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
@@ -248,7 +253,7 @@ _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed", "key"}),
     frozenset({"url", "shard", "feed", "key", "alternates"}),
 )
-_OPEN_OPTIONAL: Final = frozenset({"prefix", "route", "ring", "back"})
+_OPEN_OPTIONAL: Final = frozenset({"prefix", "route", "ring", "back", "vouch"})
 _OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "open": _OPEN_OPTIONAL,
     # a holder-bound credit's (protocol/committee/credit_holder.py); the shard of a span hop
@@ -371,6 +376,11 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             raise BadControlError("only the first hop (feed null) runs a ring")
         if back and feed is None:
             raise BadControlError("back needs a hop that is fed by another (feed set)")
+        vouch = raw.get("vouch", False)
+        if vouch is not True and vouch is not False:
+            raise BadControlError("vouch must be true (or absent)")
+        if vouch and (not back or next_hop is not None):
+            raise BadControlError("vouch needs the last hop (next null) of a ring (back true)")
         return Control(
             op=op,
             sid=sid,
@@ -382,6 +392,7 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             route=_route(raw.get("route")),
             ring=ring,
             back=back,
+            vouch=vouch,
         )
     if op == "attach":
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
@@ -419,6 +430,7 @@ def open_message(
     route: Sequence[str] = (),
     ring: RingSpec | None = None,
     back: bool = False,
+    vouch: bool = False,
 ) -> dict[str, Any]:
     nxt: dict[str, Any] | None = None
     if next_hop is not None:
@@ -443,6 +455,8 @@ def open_message(
         message["ring"] = ring.to_json()
     if back:
         message["back"] = True
+    if vouch:
+        message["vouch"] = True
     return message
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_prefix_salt, hop_tag
 from node.client.paying import CreditPayer, UnpaidError, payee
+from node.client.ring_vouch import VouchBook
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
@@ -71,6 +72,7 @@ from protocol.open_features import OLD_NODE, OpenFeatures
 from protocol.prefix_routes import route_keys
 from protocol.ring import RingSpec
 from protocol.ring_tokens import RingTokens, is_ring_tokens, parse_ring_tokens
+from protocol.ring_vouch import VouchError, is_ring_vouch, parse_ring_vouch
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
     MAX_NEXT_ALTERNATES,
@@ -225,6 +227,9 @@ class _Link:
     def _data(self, data: bytes) -> None:
         client = self.client
         item: tuple[FrameHeader, bytes] | RingTokens
+        if is_ring_vouch(data):  # a ring session's last hop vouches for its rows
+            self._vouch(data)
+            return
         try:
             if is_ring_tokens(data):  # a ring session's tokens, from its first hop
                 item = parse_ring_tokens(data, client.hidden_size)
@@ -245,6 +250,29 @@ class _Link:
         queue = client.outputs.get(sid)
         if queue is not None:
             queue.put_nowait(item)
+
+    def _vouch(self, data: bytes) -> None:
+        """A vouch message: refused by name (logged, dropped) unless it is the last hop's for
+        a ring session that asked it to vouch; one out of that session's positions fails the
+        session (`bad_vouch`, the last hop blamed), no other."""
+        client = self.client
+        book: VouchBook | None = None
+        try:
+            vouch = parse_ring_vouch(data)
+            if self.index != len(client.hops) - 1:
+                raise VouchError("only a ring session's last hop vouches for its rows")
+            book = client.vouches.get(vouch.sid)
+            if book is None:
+                raise VouchError(f"sid {vouch.sid}: no ring session asked this hop to vouch")
+            book.take(vouch)
+        except FrameError as error:
+            log.warning("node %s sent a bad ring vouch: %s", self.hop.url, error.message)
+            if isinstance(error, VouchError) and book is not None and book.failed is None:
+                client.blame_hop(vouch.sid, self.index)
+                book.fail(error)
+                queue = client.outputs.get(vouch.sid)
+                if queue is not None:  # the ring's reader stops on it at once
+                    queue.put_nowait(error)
 
     async def request(self, body: dict[str, Any], sid: int, timeout_s: float) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -400,8 +428,14 @@ class CircuitClient:
         self._sids = itertools.count(1)  # without a payer (with one: `payer.new_sid`)
         self.paid_sids: set[int] = set()  # sessions with credits the payer still tracks
         self.ring_sids: set[int] = set()  # sessions whose loop their first hop runs (ring.py)
+        # ring sessions whose last hop vouches for its rows (node/client/ring_vouch.py)
+        self.vouches: dict[int, VouchBook] = {}
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
+        # sid -> more hops blamed with it (a ring's relayed row is not the one its last hop
+        # vouched for: the client cannot tell which hop lied, node/client/ring.py
+        # `check_vouched`)
+        self.co_blamed: dict[int, frozenset[int]] = {}
         # sid -> index of the hop whose refusal named the blamed hop (absent: the client saw
         # the blamed hop fail itself)
         self.named: dict[int, int] = {}
@@ -522,6 +556,7 @@ class CircuitClient:
         wait: bool = True,
         prompt: Sequence[int] | None = None,
         ring: RingSpec | None = None,
+        vouch: bool = False,
     ) -> int:
         """Open the session on every hop at once (one round trip, not one per hop: a hop whose
         upstream attaches before the client's open arrived waits for it); returns the sid that
@@ -535,7 +570,8 @@ class CircuitClient:
         `prompt`: the ids the session will prefill; each hop whose route salt is known
         (`route_salts`) gets their prefix-route keys (not with `prefix_isolation`).
         `ring`: the first hop runs the session's decode loop (node/client/ring.py); every
-        later hop is opened `back` (its outputs go back up the circuit)."""
+        later hop is opened `back` (its outputs go back up the circuit); `vouch`: the last of
+        them (K > 1) also vouches for its rows on the client's link (`vouch_ready`)."""
         if not self.links:
             raise RuntimeError("CircuitClient used outside `async with`")
         sid = self.new_sid() if sid is None else sid
@@ -567,6 +603,7 @@ class CircuitClient:
                 routes,
                 ring=ring if index == 0 else None,
                 back=ring is not None and index > 0,
+                vouch=vouch and ring is not None and 0 < index == last,
             )
             bodies.append((index, body))
         if not wait:
@@ -605,6 +642,7 @@ class CircuitClient:
         self.outputs.pop(sid, None)
         self._sent.pop(sid, None)
         self.ring_sids.discard(sid)
+        self.vouches.pop(sid, None)
         if self.payer is not None:
             opened = {i for i, link in enumerate(self.links) if sid in link.opened}
             self.payer.forget(sid, {s for s, (i, _, _) in enumerate(self.payees) if i in opened})
@@ -645,6 +683,13 @@ class CircuitClient:
         the loop (`ring`), the later ones send outputs back (`ring_back`)."""
         features = [self.open_features.get(hop.url, OLD_NODE) for hop in self.hops]
         return features[0].ring and all(f.ring_back for f in features[1:])
+
+    def vouch_ready(self) -> bool:
+        """A ring on this circuit can be checked against its last hop's vouches: K > 1 (with
+        one node, first and last are the same) and the last hop takes `vouch` (/info
+        `ring_vouch`)."""
+        last = self.open_features.get(self.hops[-1].url, OLD_NODE)
+        return len(self.hops) > 1 and last.ring_vouch
 
     async def pay_upto(self, sid: int, targets: Sequence[int]) -> None:
         """Pay every charging payee i (a hop, or one shard of a span hop: `payees`) so that
@@ -740,19 +785,31 @@ class CircuitClient:
             raise BadStreamAnswerError(f"node {self.hops[0].url}: ring rows in another encoding")
         return item
 
-    def blame_hop(self, sid: int, index: int, *, named_by: int | None = None) -> None:
+    def blame_hop(
+        self,
+        sid: int,
+        index: int,
+        *,
+        named_by: int | None = None,
+        also: Sequence[int] = (),
+    ) -> None:
         """Remember that hop `index` failed session `sid` (the first fault counts); `named_by`:
-        the hop whose refusal named it (NEXT_HOP_FAULTS), None when the client saw it fail.
-        Kept after the session closed, for the failover that asks; only the latest MAX_BLAMED
-        are kept."""
+        the hop whose refusal named it (NEXT_HOP_FAULTS), None when the client saw it fail;
+        `also`: more hops blamed with it (one of them lied, the client cannot tell which).
+        Kept after the session closed, for the failover that asks; only the latest
+        MAX_BLAMED are kept."""
         if sid in self.blame:
             return
         self.blame[sid] = index
         if named_by is not None:
             self.named[sid] = named_by
+        if also:
+            self.co_blamed[sid] = frozenset(also)
         while len(self.blame) > MAX_BLAMED:
-            self.named.pop(next(iter(self.blame)), None)
-            del self.blame[next(iter(self.blame))]
+            oldest = next(iter(self.blame))
+            self.named.pop(oldest, None)
+            self.co_blamed.pop(oldest, None)
+            del self.blame[oldest]
 
     def named_by(self, sid: int) -> int | None:
         """The hop whose refusal named session `sid`'s blamed hop (its next hop) as the fault,
@@ -762,8 +819,9 @@ class CircuitClient:
     def suspects(self, sid: int) -> set[int]:
         """Hops known to have failed session `sid`: the one that refused it or answered badly,
         and every hop whose link closed. Empty when the failure named nobody (a stall)."""
-        blamed = self.blame.get(sid)
-        return set(self.lost_hops) | ({blamed} if blamed is not None else set())
+        blamed = {self.blame[sid]} if sid in self.blame else set()
+        blamed |= self.co_blamed.get(sid, frozenset())
+        return set(self.lost_hops) | blamed
 
     async def logits(self, head: Head, hidden_last: np.ndarray) -> np.ndarray:
         """The head's logits for one session's last hidden state, batched with the other

@@ -10,9 +10,12 @@ hidden row it was chosen from. For each token it computes the logits from that r
 own head and draws its own sample from its own Generator (the same seed, one draw per token):
 a token that differs stops the session (`RingMismatchError`, the first hop blamed) and nothing
 more is paid (greedy: a token whose logit ties the client's argmax within `TIE_TOLERANCE`, as
-the same head computed elsewhere may round its last bits otherwise, is the node's to pick). It
-yields the tokens the client-driven loop would yield (`CircuitClient.generate`: same stop rule,
-same limit).
+the same head computed elsewhere may round its last bits otherwise, is the node's to pick).
+With K > 1 and a last hop that vouches (`CircuitClient.vouch_ready`), each token's row is
+first checked against the digest the last hop sent on the client's own link for that position
+(`check_vouched`, node/client/ring_vouch.py): a first node that fabricates a row AND the token
+that row gives is caught there. It yields the tokens the client-driven loop would yield
+(`CircuitClient.generate`: same stop rule, same limit).
 
 Payment ahead of the loop: right after the prompt's last chunk went, and after each tokens
 message, every charging hop i is paid up to min(next + price_i, N + M − 1) positions, where
@@ -30,9 +33,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from node.client.capabilities import new_session_id
+from node.client.ring_vouch import VouchBook
 from node.client.types import Head, Timings
 from protocol.frames.codecs import decode_values
 from protocol.ring import MAX_RING_TOKENS, RingMismatchError, RingSpec
+from protocol.ring_vouch import VouchError
 from protocol.sampling import SamplingConfig, sample
 
 
@@ -45,10 +50,14 @@ class RingCircuit(Protocol):
     hidden_size: int
     payer: Any
     ring_sids: set[int]
+    vouches: dict[int, VouchBook]
+    request_timeout_s: float
     bytes_sent: int
     bytes_received: int
 
     def new_sid(self) -> int: ...
+
+    def vouch_ready(self) -> bool: ...
 
     async def open(self, secret: str, sid: int | None = None, **kwargs: Any) -> int: ...
 
@@ -60,7 +69,9 @@ class RingCircuit(Protocol):
 
     async def pay_upto(self, sid: int, targets: Sequence[int]) -> None: ...
 
-    def blame_hop(self, sid: int, index: int, *, named_by: int | None = None) -> None: ...
+    def blame_hop(
+        self, sid: int, index: int, *, named_by: int | None = None, also: Sequence[int] = ()
+    ) -> None: ...
 
     async def close(self, sid: int) -> None: ...
 
@@ -87,6 +98,27 @@ def ring_targets(client: RingCircuit, spec: RingSpec, chosen: int) -> list[int]:
     after_next = spec.prompt + max(1, chosen)
     ceiling = spec.last_position + 1
     return [min(after_next + max(0, payer.price(name)), ceiling) for _, _, name in client.payees]
+
+
+async def check_vouched(
+    client: RingCircuit, sid: int, book: VouchBook, position: int, row: bytes
+) -> None:
+    """The row a ring token came with is the one the last hop vouched for (node/client/
+    ring_vouch.py), else the session stops `ring_token_mismatch`. The client cannot tell who
+    lied: the first hop (it relayed a row the last hop did not produce), the last hop (it
+    vouched falsely) or a middle hop (K ≥ 3: it altered the row on its way back up); so every
+    hop of the circuit is blamed and the failover replaces them all (blaming the first hop
+    alone would let a lying last or middle hop eject honest first nodes for free, and stay).
+    A vouch out of its session's grammar (`bad_vouch`) is the last hop's alone."""
+    last = len(client.hops) - 1
+    try:
+        await book.check(position, row, f"nodes {client.hops[0].url} … {client.hops[-1].url}")
+    except RingMismatchError:
+        client.blame_hop(sid, 0, also=range(1, last + 1))
+        raise
+    except VouchError:
+        client.blame_hop(sid, last)
+        raise
 
 
 async def ring_tokens(
@@ -122,7 +154,14 @@ async def ring_tokens(
             await client.pay_upto(sid, ring_targets(client, spec, chosen))
 
     client.ring_sids.add(sid)
-    await client.open(new_session_id(), sid, wait=False, prompt=list(history), ring=spec)
+    book = None
+    if client.vouch_ready():  # K > 1 and the last hop vouches for its rows
+        wait_s = client.request_timeout_s if timeout_s is None else timeout_s
+        book = VouchBook(first=spec.prompt - 1, last=spec.last_position, wait_s=wait_s)
+        client.vouches[sid] = book
+    await client.open(
+        new_session_id(), sid, wait=False, prompt=list(history), ring=spec, vouch=book is not None
+    )
     await client.prefill(
         sid,
         head.embed_np(list(history)),
@@ -136,6 +175,8 @@ async def ring_tokens(
     while True:
         batch = await client.receive_ring(sid, spec.prompt - 1 + chosen, timeout_s)
         for token, row in zip(batch.tokens, batch.rows, strict=True):
+            if book is not None:
+                await check_vouched(client, sid, book, spec.prompt - 1 + chosen, row)
             hidden = decode_values(batch.dtype, batch.codec, (1, 1, client.hidden_size), row)
             logits = await client.logits(head, hidden[0, -1])
             mine = sample(logits, sampling, rng)

@@ -40,6 +40,7 @@ from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.rendezvous import fronted_caller
 from node.server.ring import RingLoop
+from node.server.ring_vouch import VouchWriter
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.span_payments import SpanPayments
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
@@ -58,6 +59,7 @@ from protocol.frames.sessions import session_tag
 from protocol.links import check_link
 from protocol.paid_credits import spent_id
 from protocol.ring import RingUnavailableError
+from protocol.ring_vouch import last_row_body
 from protocol.stream import (
     MAX_CONTROL_BYTES,
     MAX_SESSION_FRAMES,
@@ -121,6 +123,8 @@ class Route:
     # that fed it, under the sid it attached with (`up`, set by the attach)
     back: bool = False
     up: tuple[Any, int] | None = None
+    # the last hop of a ring opened with `vouch`: the digests of its rows to the client's link
+    vouch: VouchWriter | None = None
 
 
 @dataclass(eq=False)
@@ -169,6 +173,8 @@ def _close_route(state: NodeState, route: Route) -> None:
         state.routes_by_feed.pop(route.feed_tag, None)
     if route.ring is not None:
         route.ring.stop()
+    if route.vouch is not None:
+        route.vouch.stop()
     if route.down is not None:
         route.down.back.pop(route.down_sid, None)
 
@@ -277,6 +283,8 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     if state.prefix is not None:
         session.prefix = state.prefix.chain(control.prefix, control.route)
     route = Route(session=session, reply=link.ws, reply_sid=control.sid, back=control.back)
+    if control.vouch:  # the parser allows it only on a last hop opened `back`
+        route.vouch = VouchWriter(control.sid, lambda data: _send(state, link.ws, data))
     if head is not None:
         route.ring = _ring_loop(state, link, route, control, head)
         state.ring_heads.sessions += 1
@@ -614,6 +622,11 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 elif route.back:  # up the link that fed it, not the client's
                     if route.up is None:
                         raise BadControlError("back: no hop attached to this session")
+                    if route.vouch is not None:  # the client checks the row the ring relays
+                        row = last_row_body(
+                            header.dtype, header.codec, count, state.backend.hidden_size, encoded
+                        )
+                        route.vouch.add(start + count - 1, row)
                     ws, sid = route.up
                     await _send(state, ws, pack_frame(replace(out_header, sid=sid), encoded))
                 else:

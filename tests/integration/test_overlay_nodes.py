@@ -110,6 +110,8 @@ async def _answer(
                     info = await asyncio.wait_for(link.ws.info(), 20)
                     client.open_features[link.hop.url] = open_features_of(info)
                 assert client.ring_ready()
+                # K > 1: the last hop vouches for its rows over its own overlay link
+                assert client.vouch_ready() == (len(hops) > 1)
                 answer = generate_ring(client, head, ids, max_new_tokens=NEW_TOKENS)
             else:
                 answer = client.generate(head, ids, max_new_tokens=NEW_TOKENS)

@@ -142,7 +142,7 @@ async def test_ring_node_without_client_head_refuses_by_name_and_does_not_advert
         await learn_features(client)
         assert not client.ring_ready()
         assert client.open_features[client.hops[0].url] == OpenFeatures(
-            next_alternates=True, ring_back=True
+            next_alternates=True, ring_back=True, ring_vouch=True
         )
         with pytest.raises(RemoteError) as refused:
             async for _ in generate_ring(client, head, ids, max_new_tokens=STEPS, timeout_s=10):
