@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import torch
 
 from node.client.circuit import CircuitClient
 from node.client.types import Hop
@@ -16,6 +17,28 @@ from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from protocol.open_features import open_features_of
+from tests.doubles.tiny_model import make_tiny_model
+
+
+def tiny_ring_model(root: Path, hidden: int) -> tuple[Any, dict[int, Path]]:
+    """A tiny 6-layer model (untied head) and its shard sets of 1, 2 and 3 parts."""
+    from node.model.prepare import prepare
+
+    model = make_tiny_model(root / "src", layers=6, hidden=hidden, tied=False)
+    manifests = {
+        parts: Path(prepare(root / "src", parts=parts, out=root / f"p{parts}", progress=print))
+        for parts in (1, 2, 3)
+    }
+    return model, manifests
+
+
+def greedy_tokens(model: Any, ids: list[int], steps: int) -> list[int]:
+    """`steps` greedy tokens of transformers' `generate` after `ids` (EOS ignored)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False
+        )
+    return out[0, len(ids) :].tolist()
 
 
 async def start_nodes(

@@ -11,7 +11,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import torch
 
 from node.client.circuit import CircuitClient
 from node.client.ring import generate_ring
@@ -19,11 +18,15 @@ from node.client.sampling import SamplingConfig
 from node.client.types import Timings
 from node.model.head import ClientHead
 from node.model.manifest import CLIENT_FILE
-from node.model.prepare import prepare
 from protocol.errors import RemoteError
 from protocol.open_features import OLD_NODE, OpenFeatures
-from tests.doubles.tiny_model import make_tiny_model
-from tests.unit.ring_nodes import hops_of, learn_features, start_nodes
+from tests.unit.ring_nodes import (
+    greedy_tokens,
+    hops_of,
+    learn_features,
+    start_nodes,
+    tiny_ring_model,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -34,21 +37,11 @@ H = 64
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[int, Path]]:
-    root = tmp_path_factory.mktemp("tiny-ring")
-    model = make_tiny_model(root / "src", layers=6, hidden=H, tied=False)
-    manifests = {
-        parts: Path(prepare(root / "src", parts=parts, out=root / f"p{parts}", progress=print))
-        for parts in (1, 2, 3)
-    }
-    return model, manifests
+    return tiny_ring_model(tmp_path_factory.mktemp("tiny-ring"), H)
 
 
 def _expected(model: Any, ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
-        )
-    return out[0, len(ids) :].tolist()
+    return greedy_tokens(model, ids, STEPS)
 
 
 async def _both(

@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import torch
 
 import node.server.ring as server_ring
 from node.client.circuit import CircuitClient
@@ -21,7 +20,7 @@ from node.client.ring import generate_ring
 from node.server.app import STATE_KEY
 from protocol.errors import RemoteError
 from protocol.ring import RingMismatchError
-from tests.unit.ring_nodes import learn_features
+from tests.unit.ring_nodes import greedy_tokens, learn_features
 from tests.unit.test_paid_circuit import PRICE, _paid_nodes, _paying_client
 from tests.unit.test_paid_circuit import tiny as tiny  # the module's fixture
 
@@ -31,11 +30,7 @@ STEPS = 30
 
 
 def _expected(model: Any, ids: list[int], steps: int = STEPS) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False
-        )
-    return out[0, len(ids) :].tolist()
+    return greedy_tokens(model, ids, steps)
 
 
 def _state(servers: list[Any]) -> list[Any]:

@@ -15,7 +15,6 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-import torch
 
 import node.client.ring as client_ring
 import node.server.ring_vouch as server_vouch
@@ -23,7 +22,6 @@ from node.client.circuit import CircuitClient
 from node.client.ring import generate_ring, ring_tokens
 from node.client.sampling import SamplingConfig
 from node.model.head import ClientHead
-from node.model.prepare import prepare
 from node.server.ring import RingLoop
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import FrameError
@@ -36,8 +34,13 @@ from protocol.ring_vouch import (
     parse_ring_vouch,
     row_digest,
 )
-from tests.doubles.tiny_model import make_tiny_model
-from tests.unit.ring_nodes import hops_of, learn_features, start_nodes
+from tests.unit.ring_nodes import (
+    greedy_tokens,
+    hops_of,
+    learn_features,
+    start_nodes,
+    tiny_ring_model,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -49,21 +52,11 @@ LIE_AT = 4  # the token (1-based) at which a node lies
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[int, Path]]:
-    root = tmp_path_factory.mktemp("tiny-vouch")
-    model = make_tiny_model(root / "src", layers=6, hidden=H, tied=False)
-    manifests = {
-        parts: Path(prepare(root / "src", parts=parts, out=root / f"p{parts}", progress=print))
-        for parts in (1, 2, 3)
-    }
-    return model, manifests
+    return tiny_ring_model(tmp_path_factory.mktemp("tiny-vouch"), H)
 
 
 def _expected(model: Any, ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
-        )
-    return out[0, len(ids) :].tolist()
+    return greedy_tokens(model, ids, STEPS)
 
 
 async def _ring(client: CircuitClient, head: Any, ids: list[int], **kw: Any) -> list[int]:
