@@ -380,8 +380,6 @@ async def generate(
                                         on_logits(logits)
                                     chosen += 1
                                     timings.chose(chosen)
-                                    if chosen > 1:
-                                        timings.decode_steps += 1
                                     if stop_on_eos and token in head.eos_token_ids:
                                         return
                                     timings.new_tokens += 1
@@ -416,8 +414,6 @@ async def generate(
                                     on_logits(row)
                                 chosen += 1
                                 timings.chose(chosen)
-                                if chosen > 1:
-                                    timings.decode_steps += 1
                                 if recovering is not None:
                                     timings.failovers.append(recovering.done())
                                     recovering = None

@@ -233,8 +233,6 @@ async def generate_ring(
                     on_logits(logits)
                 chosen += 1
                 timings.chose(chosen)
-                if chosen > 1:
-                    timings.decode_steps += 1
                 if token in stop:
                     return
                 timings.new_tokens += 1

@@ -116,13 +116,15 @@ class Timings:
         self._started_s = self._first_s = time.perf_counter()
 
     def chose(self, step: int) -> None:
-        """Token `step` (1 = the first) was chosen now: prefill_ms / decode_ms up to here."""
+        """Token `step` (1 = the first) was chosen now: prefill_ms / decode_ms up to here, and
+        every token after the first counts a decode step."""
         now = time.perf_counter()
         if step == 1:
             self._first_s = now
             self.prefill_ms = (now - self._started_s) * 1000
         else:
             self.decode_ms = (now - self._first_s) * 1000
+            self.decode_steps += 1
 
     @property
     def total_ms(self) -> float:
