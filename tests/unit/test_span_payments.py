@@ -56,7 +56,7 @@ def test_pay_names_the_shard_of_a_span_or_is_refused_by_name(tmp_path) -> None:
     credit = minted(chain, tmp_path, count=1)[0][0]
     assert parse_control(json.dumps(pay_message(1, credit, 1)), OPS_FROM_CLIENT).shard == 1
     assert parse_control(json.dumps(pay_message(1, credit)), OPS_FROM_CLIENT).shard is None
-    for bad in (-1, 65536, True, "1", 1.0, None):
+    for bad in (-1, 65536, 10**30, True, "1", "\u0661", 1.0, None, [1], {"shard": 1}):
         message = {**pay_message(1, credit), "shard": bad}
         with pytest.raises(BadControlError, match="shard"):
             parse_control(json.dumps(message), OPS_FROM_CLIENT)
