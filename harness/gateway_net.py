@@ -44,6 +44,7 @@ from harness.ports import ephemeral_port
 from harness.shard_cache import prepared_manifest  # noqa: F401  (its importers here)
 from node.chain.committee_pages import path_query, read_reputations
 from node.chain.evm.account import PlanetChain
+from node.keys import create_dev_wallet
 from node.model.manifest import Manifest
 from node.procs import Child, spawn_process
 from node.server.launcher import (
@@ -477,6 +478,9 @@ class GatewayNet:
         assert self.anvil is not None and self.committee is not None
         port = ephemeral_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
+        wallet = self.run_dir / "gateway" / "wallet.json"
+        if not wallet.exists():  # a cheap KDF: scrypt cost ~1.2 CPU-s here, ~1.8 each start
+            create_dev_wallet(wallet, PASSWORD)
         log = open(self.run_dir / "gateway.log", "ab")  # noqa: SIM115  (a restart appends)
         self.gateway = spawn_process(
             [
@@ -495,7 +499,7 @@ class GatewayNet:
                 "--manifest",
                 str(self.manifest_path),
                 "--wallet",
-                str(self.run_dir / "gateway" / "wallet.json"),
+                str(wallet),
                 "--price-wei-per-token",
                 str(PRICE),
                 "--port",

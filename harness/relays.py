@@ -27,7 +27,9 @@ class RelayProcess:
     arguments (e.g. `--committee-rpc URL`: an exit that reaches a node behind NAT at the other
     addresses its key registered)."""
 
-    def __init__(self, home: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(self, home: Path, extra: Sequence[str] = (), *, wait: bool = True) -> None:
+        """Started; listening once `wait` (else call `ready()`: `relays` starts them all, then
+        waits for each, so their starts overlap)."""
         home.mkdir(parents=True, exist_ok=True)
         self.port = ephemeral_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -38,10 +40,23 @@ class RelayProcess:
              "--port", str(self.port), "--allow-private-next-hops", "--no-register", *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()  # "relay on URL key HEX", once it listens
-        assert line.startswith("relay on"), (line, self.log_path.read_text()[-2000:])
-        self.hop = Hop(self.url, bytes.fromhex(line.split(" key ", 1)[1].strip()))
+        self._hop: Hop | None = None
+        if wait:
+            self.ready()
+
+    def ready(self) -> Hop:
+        """Wait until it listens (its one line "relay on URL key HEX"); its hop."""
+        if self._hop is None:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline()
+            assert line.startswith("relay on"), (line, self.log_path.read_text()[-2000:])
+            self._hop = Hop(self.url, bytes.fromhex(line.split(" key ", 1)[1].strip()))
+        return self._hop
+
+    @property
+    def hop(self) -> Hop:
+        """Its URL and X25519 key (waits until it listens)."""
+        return self.ready()
 
     def info(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/info", timeout=5) as response:
@@ -58,8 +73,10 @@ class RelayProcess:
 def relays(count: int, root: Path, extra: Sequence[str] = ()) -> Iterator[list[RelayProcess]]:
     started: list[RelayProcess] = []
     try:
-        for i in range(count):
-            started.append(RelayProcess(root / f"relay{i}", extra))
+        for i in range(count):  # all started, then each waited for: their starts overlap
+            started.append(RelayProcess(root / f"relay{i}", extra, wait=False))
+        for relay in started:
+            relay.ready()
         yield started
     finally:
         for relay in started:

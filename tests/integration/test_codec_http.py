@@ -47,18 +47,22 @@ def test_compress_stays_hq9_because_rq_costs_far_more_cpu_per_token():
 
 
 @pytest.fixture(scope="module")
-def uncompressed(circuit) -> dict[str, list[int]]:
+def head(circuit) -> ClientHead:
+    """The client side, loaded once for the module."""
+    return ClientHead.load(circuit[0], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def uncompressed(circuit, head) -> dict[str, list[int]]:
     """Greedy tokens of each prompt through the circuit with raw fp32 frames (computed once)."""
-    manifest, nodes = circuit
-    head = ClientHead.load(manifest, device="cpu")
+    _, nodes = circuit
     return {p: _greedy(nodes, head, head.chat_ids(m), "raw") for p, m in PROMPTS.items()}
 
 
 @pytest.mark.parametrize("codec", ["ohq7", "rq"])
 @pytest.mark.parametrize("prompt", list(PROMPTS))
-def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, uncompressed, prompt, codec):
-    manifest, nodes = circuit
-    head = ClientHead.load(manifest, device="cpu")
+def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, head, uncompressed, prompt, codec):
+    _, nodes = circuit
     raw = uncompressed[prompt]
     assert len(raw) >= 5
     assert _greedy(nodes, head, head.chat_ids(PROMPTS[prompt]), codec) == raw

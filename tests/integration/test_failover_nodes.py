@@ -6,8 +6,9 @@ node/client/replicas.py).
   greedy text as without the kill; the replacement got the history at positions 0 … N-1 and
   went on at N (its /info position counter grew by exactly the answer's positions);
 - SIGSTOP of a node mid-answer: found by the stall timeout + /health probe, replaced, same text;
-- churn: 4 concurrent questions for 30 s while a random node is killed and restarted every
-  10 s: no question fails and every answer equals the quiet run's
+- churn: 4 concurrent questions for 20 s while a random node is killed and restarted every
+  7 s (two kills in the run, as 30 s with a kill every 10 s had: the questions cost ~1/3 less
+  CPU, issue 41): no question fails and every answer equals the quiet run's
   (`PLANET_CHURN_S` / `PLANET_CHURN_CONCURRENCY` scale it up; bench/resilience.py runs 16 × 2 min).
 """
 
@@ -141,9 +142,9 @@ def test_sigstop_mid_answer_stall_found_and_replaced_same_text(
 def test_churn_concurrent_questions_while_nodes_die_and_return(
     net: ReplicaNet, head: Any, quiet: dict[str, list[int]]
 ) -> None:
-    duration_s = float(os.environ.get("PLANET_CHURN_S", "30"))
+    duration_s = float(os.environ.get("PLANET_CHURN_S", "20"))
     concurrency = int(os.environ.get("PLANET_CHURN_CONCURRENCY", "4"))
-    every_s = 10.0
+    every_s = 7.0
     ids = {q: head.chat_ids([{"role": "user", "content": q}]) for q in QUESTIONS}
     results: list[tuple[str, list[int] | BaseException, int]] = []
     kills: list[int] = []

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from harness.gateway_net import PASSWORD, GatewayNet, prepared_manifest, wait_for
-from node.keys import load_or_create_node_key, load_or_create_wallet
+from node.keys import create_dev_wallet, load_or_create_node_key
 from node.server.launcher import wait_healthy
 from protocol.commit_batch import decode_tx
 from protocol.committee.grammar import TxDecodeError
@@ -40,7 +40,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
         # no genesis list of gateways: the gateway binds its committee key to its wallet's
         # address itself (a `gateway` tx) when it first starts
         load_or_create_node_key(run_dir / "gateway" / "committee_key.json", PASSWORD)
-        load_or_create_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
+        create_dev_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
         deployment = network.deployment
         network.start_committee(
             app_state={

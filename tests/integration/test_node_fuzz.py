@@ -25,8 +25,10 @@ honest client (127.0.0.1) must get the same greedy tokens as before the fuzz, du
 after it.
 
 Reproducible: PLANET_FUZZ_SEED (printed on failure) seeds one random.Random per worker;
-PLANET_FUZZ_CASES sets the count (default 4,000). Without PLANET_FUZZ_SEED each run draws
-a new seed, so the suite explores a new part of the grammar every time it runs.
+PLANET_FUZZ_CASES sets the count (default 2,000: 222 a worker; the rarest kind the test asserts,
+the oversize message at 1 %, shows ~20 times, and the compute path's valid opens and frames
+~440). Without PLANET_FUZZ_SEED each run draws a new seed, so the suite explores a new part of
+the grammar every time it runs (issue 41: 4,000 a run cost the CI ~10 CPU-s more).
 """
 
 from __future__ import annotations
@@ -64,12 +66,12 @@ from protocol.frames.codecs import CODECS, DTYPES, encode_body
 from protocol.frames.errors import NonFiniteError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 
-# e2e_lane: ~2 min of hostile traffic on its own nodes, run beside the devnets to even the lanes
+# e2e_lane: ~1 min of hostile traffic on its own nodes, run beside the devnets to even the lanes
 pytestmark = [pytest.mark.integration, pytest.mark.e2e_lane]
 
 # a new seed each run unless one is given (printed with every failure)
 SEED = int(os.environ.get("PLANET_FUZZ_SEED") or secrets.randbelow(1_000_000))
-CASES = int(os.environ.get("PLANET_FUZZ_CASES", "4000"))
+CASES = int(os.environ.get("PLANET_FUZZ_CASES", "2000"))
 PORTS = (21400, 21500)  # this module's share of the test port range
 FUZZ_PEERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 CONNECTIONS_PER_PEER = 3
