@@ -53,7 +53,7 @@ if [ "$#" -gt 0 ]; then
   exit "$rc"
 fi
 # Lanes side by side: one test process alone leaves a core idle most of the time (waiting on
-# blocks, links and other processes). $PLANET_TEST_LANES lanes (default 3) take whole modules
+# blocks, links and other processes). $PLANET_TEST_LANES lanes (default 4) take whole modules
 # from one queue, longest first by tests/durations.json (harness/lanes.py), until none is left;
 # each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
 # servers never meet; the devnets' memory is shared out by harness/lanes.py's gate (four lanes
@@ -99,7 +99,10 @@ lane() {
   } |
     sed -u "s/^/[$name] /"
 }
-count=${PLANET_TEST_LANES:-3}
+# 4: the run is CPU-bound (the lanes end together); on a quiet 2-core machine (2026-12-06, one
+# commit) 3 lanes took 1,057 s and 4 took 975 s, the fourth filling the gaps where the other
+# three wait on blocks and epochs
+count=${PLANET_TEST_LANES:-4}
 lane_pids=()
 probe="planet-probe-$$"
 if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
