@@ -698,11 +698,11 @@ def _second_gateway(
 
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
-    from node.keys import create_wallet
+    from node.keys import create_dev_wallet
     from tests.e2e.devnet_session import fund
 
     password_file = devnet["password_file"]
-    account = create_wallet(home / "wallet.json", Path(password_file).read_text())
+    account = create_dev_wallet(home / "wallet.json", Path(password_file).read_text())
     fund(env, account.address, "3")
     deployment = Deployment.load(devnet["deployment"])
     chain = PlanetChain(deployment, bytes(account.key))
@@ -857,11 +857,11 @@ def test_devnet_node_without_attested_stake_is_never_routable(env, devnet, tmp_p
     """A fresh wallet with no stake serves a node under its own key and registers it through a
     real agent process: the committee lists it SERVING, the watchers attest 0, and it never
     becomes routable."""
-    from node.keys import create_node_key, create_wallet
+    from node.keys import create_dev_wallet, create_node_key
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 
     home = tmp_path / "unstaked"
-    create_wallet(home / "wallet.json", "pw")
+    create_dev_wallet(home / "wallet.json", "pw")
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
     # its own node: the agent checks that its endpoint proves this key (TLS bound to it)
     node = start_node(

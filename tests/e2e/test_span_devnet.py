@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from node.keys import create_wallet
+from node.keys import create_dev_wallet
 from tests.e2e.devnet_session import (
     STAKE_ETH,
     fund,
@@ -36,7 +36,7 @@ def test_devnet_operator_joins_a_span_routed_and_paid_per_shard(
     home.mkdir()
     own_env = operator_env(env, home)
     try:
-        fund(env, create_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address)
+        fund(env, create_dev_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address)
         staked = planet(own_env, "stake", "--role", "compute", "--amount", STAKE_ETH,
                         "--home", str(home))  # fmt: skip
         assert staked.returncode == 0, staked.stderr[-2000:]
