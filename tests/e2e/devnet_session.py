@@ -34,6 +34,12 @@ SHARED_EPOCH_LENGTH = 10
 VERIFIERS_VARIABLE = "PLANET_E2E_VERIFIERS"
 FUND_ETH = "10"
 STAKE_ETH = "1"
+# questions asked until a new node is in a paid circuit (the gateway's router picks among each
+# shard's near-cheapest nodes at random: a node it has not used yet serves within a few)
+QUESTIONS = (
+    "Count to three.", "Name a fruit.", "Say yes.", "Name a month.", "Name a colour.",
+    "Say hello.", "Name a planet.", "Count to two.", "Name a tree.", "Say no.",
+)  # fmt: skip
 
 T = TypeVar("T")
 
