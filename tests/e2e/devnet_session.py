@@ -34,6 +34,12 @@ SHARED_EPOCH_LENGTH = 10
 VERIFIERS_VARIABLE = "PLANET_E2E_VERIFIERS"
 FUND_ETH = "10"
 STAKE_ETH = "1"
+# questions asked until a new node is in a paid circuit (the gateway's router picks among each
+# shard's near-cheapest nodes at random: a node it has not used yet serves within a few)
+QUESTIONS = (
+    "Count to three.", "Name a fruit.", "Say yes.", "Name a month.", "Name a colour.",
+    "Say hello.", "Name a planet.", "Count to two.", "Name a tree.", "Say no.",
+)  # fmt: skip
 
 T = TypeVar("T")
 
@@ -139,11 +145,13 @@ def fund(env: dict[str, str], address: str, eth: str = FUND_ETH) -> None:
 
 
 def new_user(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> User:
-    """A fresh wallet under `folder` (the devnet's password), funded via `planet devnet fund`."""
-    from node.keys import create_wallet
+    """A fresh wallet under `folder` (the devnet's password), funded via `planet devnet fund`.
+    A dev keystore (`create_dev_wallet`: PBKDF2, as the devnet's own accounts): a scrypt one
+    cost ~1 CPU-s to make and ~0.7 CPU-s in every `planet` command that opens it."""
+    from node.keys import create_dev_wallet
 
     password_file = Path(devnet["password_file"])
-    account = create_wallet(folder / "wallet.json", password_file.read_text())
+    account = create_dev_wallet(folder / "wallet.json", password_file.read_text())
     fund(env, account.address)
     return User(folder / "wallet.json", password_file, account.address, account)
 
@@ -165,10 +173,10 @@ def operator_env(env: dict[str, str], home: Path) -> dict[str, str]:
 def join_operator(env: dict[str, str], home: Path, shard: int | str, model: str) -> Operator:
     """A new operator home: its wallet funded, staked as compute, and joined to `shard` (or
     "auto": the pool's weakest shard)."""
-    from node.keys import create_wallet
+    from node.keys import create_dev_wallet
 
     own_env = operator_env(env, home)
-    fund(env, create_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address)
+    fund(env, create_dev_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address)
     staked = planet(own_env, "stake", "--role", "compute", "--amount", STAKE_ETH,
                     "--home", str(home))  # fmt: skip
     assert staked.returncode == 0, staked.stderr[-2000:]

@@ -24,8 +24,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -33,12 +36,14 @@ from node.procs import Child, spawn_piped
 from node.server.launcher import pid_alive
 from protocol.committee.prices import going_price
 from tests.bench_runs import one_benchmark_object, run_bench
-from tests.e2e.devnet_session import nodes as _nodes
 from tests.e2e.devnet_session import (
+    QUESTIONS,
+    User,
     operator_env,
     pids_alive,
     release_operator,
 )
+from tests.e2e.devnet_session import nodes as _nodes
 from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.devnet_session import query as _query
 from tests.e2e.devnet_session import wait as _wait
@@ -68,6 +73,90 @@ def _status(env: dict[str, str]) -> dict[str, Any]:
 
 def _view(devnet: dict[str, Any], key: str) -> dict[str, Any] | None:
     return _query(devnet["committee_rpc"][0], "/node", key=key)
+
+
+SETTLED_TEST = "test_devnet_served_questions_are_settled_signed_posted_and_claimed"
+# scenario → (its test, what runs its first half: up to the epoch's root posted)
+HEAD_STARTS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "relay": ("test_devnet_relay_redeems_credits_and_claims_its_row", lambda: _relay_start),
+    "voucher": (
+        "test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_refused",
+        lambda: _voucher_start,
+    ),
+    "gateway2": (
+        "test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the_firsts",
+        lambda: _gateway2_start,
+    ),
+}
+
+
+class _HeadStarts:
+    """The first halves of the scenarios that wait for an epoch's root to be posted, each with
+    users, operators and processes of its own, run side by side in the background while the
+    tests before theirs run (issue 41: a devnet's every second of waiting costs CPU); each test
+    takes its own result (`head_starts[name].result()`, its failure raised there) and goes on
+    in the foreground with what moves anvil's clock (the claims). Only the collected tests'
+    scenarios run; one asked for before it began begins then."""
+
+    def __init__(self, env: dict[str, str], devnet: dict[str, Any], folder: Path,
+                 tests: set[str]) -> None:  # fmt: skip
+        self.env, self.devnet, self.folder, self.tests = env, devnet, folder, tests
+        self.pool = ThreadPoolExecutor(max_workers=len(HEAD_STARTS))
+        self.futures: dict[str, Future[Any]] = {}
+
+    def begin(self, name: str) -> None:
+        test, first_half = HEAD_STARTS[name]
+        if name in self.futures or test not in self.tests:
+            return
+        if name != "relay" and not self.devnet.get("gateway_url"):
+            return  # their tests skip
+        folder = self.folder / name
+        folder.mkdir()
+        self.futures[name] = self.pool.submit(first_half(), self.env, self.devnet, folder)
+
+    def __getitem__(self, name: str) -> Future[Any]:
+        self.begin(name)
+        return self.futures[name]
+
+    def close(self) -> None:
+        """Wait for every first half and stop what a test did not take (its processes)."""
+        for future in self.futures.values():
+            try:
+                started = future.result()
+            except BaseException:  # raised in its test already (or that test never ran)
+                continue
+            if hasattr(started, "close"):
+                started.close()
+        self.pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def head_starts(
+    request: pytest.FixtureRequest, env: dict[str, str], devnet: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[_HeadStarts]:  # fmt: skip
+    """The relay's and the second gateway's first halves begin with the module's first test;
+    the voucher's after the settled test's claims (that test claims every page of the first
+    gateway's, the voucher's page too once it is posted), at once when that test is not run."""
+    tests = {getattr(item, "originalname", item.name) for item in request.session.items}
+    starts = _HeadStarts(env, devnet, tmp_path_factory.mktemp("head-starts"), tests)
+    try:
+        starts.begin("relay")
+        starts.begin("gateway2")
+        if SETTLED_TEST not in tests:
+            starts.begin("voucher")
+        yield starts
+    finally:
+        starts.close()
+
+
+@pytest.fixture(autouse=True)
+def _voucher_after_the_settled_test(
+    request: pytest.FixtureRequest, head_starts: _HeadStarts
+) -> Iterator[None]:
+    yield
+    if getattr(request.node, "originalname", request.node.name) == SETTLED_TEST:
+        head_starts.begin("voucher")
 
 
 def test_devnet_status_lists_validators_routable_nodes_pool_and_contracts(env, devnet) -> None:
@@ -343,15 +432,45 @@ def _redeemed(rpc: str, key: str) -> dict[int, int] | None:
     return per if sum(per.values()) == RELAY_CREDITS else None
 
 
-def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) -> None:
-    """A relay's pay on real processes (issue 43): a Relay stake on anvil, `planet relay serve`
-    registering on the committee, credits a user bought on the devnet (`planet credits buy`)
-    handed to the relay as a paying client's PAY cell hands them over (into its spool; the
-    overlay path that carries them is tests/integration/test_paid_nodes.py's), the running relay
-    redeeming them (`relay_redeem`) → the epoch's close pays its staking address credits · price
-    on the credit pool's page, in a root the validators sign and post → `planet earnings` shows
-    the row beside the credits → `planet claim --home <relay home>` (real QueryEscrow) pays
-    exactly it."""
+@dataclass
+class _RelayStart:
+    """The relay scenario's first half (`_relay_start`): its operator's home and account, the
+    running `planet relay serve`, and the epoch its credits were redeemed in and posted."""
+
+    home: Path
+    own_env: dict[str, str]
+    relay_account: str
+    relay: Child
+    log: IO[str]
+    epoch: int = 0  # the epoch the relay redeemed its credits in
+    paid: dict[str, dict[int, int]] = field(default_factory=dict)  # _paid's answer
+    closed: bool = False
+
+    def close(self) -> None:
+        """Stop the relay, and take it off the committee for good once it registered (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        relay = self.relay
+        if relay.poll() is None:
+            relay.terminate()
+            try:
+                relay.wait(10)
+            except subprocess.TimeoutExpired:
+                relay.kill()
+                relay.wait(5)
+        if relay.stdout is not None:
+            relay.stdout.close()
+        self.log.close()
+        if (self.home / "node_key.json").exists():  # registered: off the committee for good
+            _planet(self.own_env, "relay", "leave", "--home", str(self.home), timeout=60)
+
+
+def _relay_start(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> _RelayStart:
+    """A Relay stake on anvil, credits a user bought handed to the relay, `planet relay serve`
+    registering and redeeming them, the epoch's close paying the relay's address: up to the
+    root posted (test_devnet_relay_redeems_credits_and_claims_its_row's first half, begun in
+    the background by `head_starts`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from harness.ports import ephemeral_port
@@ -360,12 +479,10 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
     from node.relay.earnings import SPOOL_DIR, Earnings
     from node.relay.run import load_or_create_key
     from protocol.committee.credit_holder import relay_party
-    from protocol.committee.settlement import statement_page
     from tests.e2e.devnet_session import fund
 
     rpc = devnet["committee_rpc"][0]
-    price = int(_query(rpc, "/params")["genesis"]["credits"]["price_wei"])
-    home, user_dir = tmp_path / "relay", tmp_path / "user"
+    home, user_dir = folder / "relay", folder / "user"
     own_env = operator_env(env, home)
     relay_account = create_dev_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address
     user = create_dev_wallet(user_dir / "wallet.json", Path(devnet["password_file"]).read_text())
@@ -400,6 +517,7 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
          "--port", str(ephemeral_port()), "--allow-private-next-hops"],
         stdout=subprocess.PIPE, stderr=log, text=True, env=own_env,
     )  # fmt: skip
+    started = _RelayStart(home, own_env, relay_account, relay, log)
     try:
         assert relay.stdout is not None
         for expected in ("relay on", "registered relay"):
@@ -407,8 +525,32 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
             assert line.startswith(expected), (line, (home / "relay.log").read_text()[-2000:])
         key = node_public_key(home / "node_key.json")
         [(epoch, _)] = _wait(lambda: _redeemed(rpc, key), 60, "the relay's redemption").items()
+        started.epoch = epoch
         # the close of that epoch pays the relay's address on the pool's page, posted
-        paid = _wait(lambda: _paid(devnet, [relay_account]), 90, "the relay's row posted")
+        started.paid = _wait(lambda: _paid(devnet, [relay_account]), 90, "the relay's row posted")
+    except BaseException:
+        started.close()
+        raise
+    return started
+
+
+def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, head_starts) -> None:
+    """A relay's pay on real processes (issue 43): a Relay stake on anvil, `planet relay serve`
+    registering on the committee, credits a user bought on the devnet (`planet credits buy`)
+    handed to the relay as a paying client's PAY cell hands them over (into its spool; the
+    overlay path that carries them is tests/integration/test_paid_nodes.py's), the running relay
+    redeeming them (`relay_redeem`) → the epoch's close pays its staking address credits · price
+    on the credit pool's page, in a root the validators sign and post (`_relay_start`, begun
+    before the module's first test) → `planet earnings` shows the row beside the credits →
+    `planet claim --home <relay home>` (real QueryEscrow) pays exactly it."""
+    from protocol.committee.settlement import statement_page
+
+    rpc = devnet["committee_rpc"][0]
+    price = int(_query(rpc, "/params")["genesis"]["credits"]["price_wei"])
+    started: _RelayStart = head_starts["relay"].result()
+    home, own_env, relay_account = started.home, started.own_env, started.relay_account
+    try:
+        epoch, paid = started.epoch, started.paid
         [(number, amount)] = paid[relay_account.lower()].items()
         assert statement_page(number)[0] == epoch and amount == RELAY_CREDITS * price
         view = _query(rpc, "/payouts", epoch=str(number))
@@ -440,17 +582,7 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
         assert received + receipt["gasUsed"] * receipt["effectiveGasPrice"] == payable > 0
         assert escrow.functions.claimed(number, account).call()
     finally:
-        relay.terminate()
-        try:
-            relay.wait(10)
-        except subprocess.TimeoutExpired:
-            relay.kill()
-            relay.wait(5)
-        if relay.stdout is not None:
-            relay.stdout.close()
-        log.close()
-        if (home / "node_key.json").exists():  # registered: off the committee for good
-            _planet(own_env, "relay", "leave", "--home", str(home), timeout=60)
+        started.close()
 
 
 def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, Any] | None:
@@ -469,43 +601,69 @@ def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, 
     return None
 
 
-def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_refused(
-    env, devnet, fresh_user
-) -> None:
-    """a prepaid balance pays a question by voucher → the gateway's work_report carries the
-    charge → the gateway's page of the epoch's statements debits the payer → the relayed root
-    takes exactly that debit from the payer's balance on anvil → the gateway claims it (it paid
-    the nodes with its own credits); the same charge sent again by the gateway changes nothing
-    (charges are cumulative: never debited twice)."""
-    if not devnet.get("gateway_url"):
-        pytest.skip("this checkout has no gateway")
-    from node.gateway.settlement import charge_item
-    from node.keys import load_node_key
-    from protocol.committee.settlement import WorkReport
+@dataclass(frozen=True)
+class _VoucherStart:
+    """The voucher scenario's first half (`_voucher_start`): the payer, its gateway, its
+    prepaid balance before the question, the question's charge and the posted statement."""
 
-    password = Path(devnet["password_file"]).read_text()
-    payer = fresh_user.address.lower()
-    deposited = _planet(env, "balance", "deposit", "0.01", *fresh_user.pay_args(), timeout=120)
+    payer: str
+    gateway: str  # the gateway the balance is for
+    before: int
+    charge: Any  # node.gateway.settlement's charge item
+    view: dict[str, Any]
+
+
+def _voucher_start(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> _VoucherStart:
+    """A prepaid balance pays a question by voucher, up to the root debiting it posted
+    (test_devnet_voucher_question_is_debited_…'s first half, begun in the background by
+    `head_starts`)."""
+    from node.gateway.settlement import charge_item
+    from tests.e2e.devnet_session import new_user
+
+    user = new_user(env, devnet, folder / "user")
+    payer = user.address.lower()
+    deposited = _planet(env, "balance", "deposit", "0.01", *user.pay_args(), timeout=120)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     w3, escrow = escrow_contract(devnet)
     with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
         gateway = json.load(answer)["data"][0]["gateway"]  # the balance is this gateway's
-    balance_of = escrow.functions.prepaidOf(w3.to_checksum_address(payer), gateway)
-    before = balance_of.call()[0]
-    asked = _planet(env, "ask", "--voucher", *fresh_user.pay_args(), "--voucher-ttl", "3600",
+    before = escrow.functions.prepaidOf(w3.to_checksum_address(payer), gateway).call()[0]
+    asked = _planet(env, "ask", "--voucher", *user.pay_args(), "--voucher-ttl", "3600",
                     "--json", "--max-tokens", "6", "Say yes.", timeout=300)  # fmt: skip
     assert asked.returncode == 0, asked.stderr[-3000:]
     charge = charge_item(json.loads(asked.stdout)["receipt"])
     assert charge is not None and charge.payer == payer and charge.total > 0
 
     view = _wait(lambda: _debited_in(devnet, payer, charge.id), 240, "the charge posted")
+    return _VoucherStart(payer, gateway, before, charge, view)
+
+
+def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_refused(
+    env, devnet, head_starts
+) -> None:
+    """a prepaid balance pays a question by voucher → the gateway's work_report carries the
+    charge → the gateway's page of the epoch's statements debits the payer → the relayed root
+    takes exactly that debit from the payer's balance on anvil (`_voucher_start`, begun before
+    the module's first test) → the gateway claims it (it paid the nodes with its own credits);
+    the same charge sent again by the gateway changes nothing (charges are cumulative: never
+    debited twice)."""
+    if not devnet.get("gateway_url"):
+        pytest.skip("this checkout has no gateway")
+    from node.keys import load_node_key
+    from protocol.committee.settlement import WorkReport
+
+    password = Path(devnet["password_file"]).read_text()
+    started: _VoucherStart = head_starts["voucher"].result()
+    payer, charge, view = started.payer, started.charge, started.view
+    w3, escrow = escrow_contract(devnet)
+    balance_of = escrow.functions.prepaidOf(w3.to_checksum_address(payer), started.gateway)
     epoch = view["epoch"]
     assert view["payers"] == [payer] and view["debits"] == [str(charge.total)]
     assert view["gateways"] == [charge.gateway]
     # payer, gateway, kind, id, total: no node, circuit or session
     assert all(len(settled) == 5 for settled in view["charges"])
     after = balance_of.call()[0]
-    assert after == before - charge.total  # the posted root debited exactly the charged fee
+    assert after == started.before - charge.total  # the posted root debited exactly the fee
     assert int(view["total"]) == sum(int(f) for f in view["fees"]) + charge.total
 
     # the gateway's own page: one row, the gateway, for everything it charged in it
@@ -541,11 +699,11 @@ def _second_gateway(
 
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
-    from node.keys import create_wallet
+    from node.keys import create_dev_wallet
     from tests.e2e.devnet_session import fund
 
     password_file = devnet["password_file"]
-    account = create_wallet(home / "wallet.json", Path(password_file).read_text())
+    account = create_dev_wallet(home / "wallet.json", Path(password_file).read_text())
     fund(env, account.address, "3")
     deployment = Deployment.load(devnet["deployment"])
     chain = PlanetChain(deployment, bytes(account.key))
@@ -574,13 +732,72 @@ def _healthy(url: str) -> bool:
         return False
 
 
+@dataclass
+class _Gateway2Start:
+    """The second gateway's scenario's first half (`_gateway2_start`): its home, process, URL,
+    address and log, the user who asked through it, and the posted roots paying it."""
+
+    home: Path
+    user: User
+    process: Child
+    url: str
+    gateway2: str
+    log: Path
+    paid: dict[str, dict[int, int]] = field(default_factory=dict)  # _paid's answer
+
+    def close(self) -> None:
+        """Stop the second gateway (SIGTERM, then SIGKILL after a minute)."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _gateway2_start(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> _Gateway2Start:
+    """A second `planet gateway serve` with a fresh wallet, up and bound, a user's per-query
+    deposit to it asked and settled, up to the root paying it posted (test_devnet_a_second_
+    gateway_…'s first half, begun in the background by `head_starts`)."""
+    from tests.e2e.devnet_session import new_user
+
+    user = new_user(env, devnet, folder / "user")
+    home = folder / "gateway2"
+    home.mkdir()
+    process, url, gateway2, log = _second_gateway(env, devnet, home)
+    started = _Gateway2Start(home, user, process, url, gateway2, log)
+    try:
+        _wait(lambda: _healthy(url) or process.poll() is not None, 300, "the second gateway up")
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert "gateway bound: committee key " in log.read_text()  # said before serving
+        rpc = devnet["committee_rpc"][0]
+        assert gateway2 in _query(rpc, "/gateways")["gateways"].values()
+        for _ in range(3):  # its first credits may still be in flight (mints are blind-signed)
+            asked = _planet(env, "ask", "--pay", "--gateway", url, *user.pay_args(),
+                            "--max-tokens", "4", "Say hello.", timeout=300)  # fmt: skip
+            if asked.returncode == 0:
+                break
+            time.sleep(10)
+        assert asked.returncode == 0, asked.stderr[-3000:] + log.read_text()[-3000:]
+        paid = _wait(lambda: _paid(devnet, [gateway2]), 120, "the second gateway paid in a root")
+        assert paid is not None
+        started.paid = paid
+    except BaseException:
+        started.close()
+        raise
+    return started
+
+
 def test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the_firsts(
-    env, devnet, fresh_user, tmp_path
+    env, devnet, head_starts
 ) -> None:
     """No genesis change: a second `planet gateway serve` with a fresh wallet binds its committee
     key to its wallet on first start and says so → a user's per-query deposit to it is settled on
-    its own page (one row: itself) → it claims exactly that → a statement paying it a deposit
-    made for the first gateway cannot be posted, even with every committee signature."""
+    its own page (one row: itself) (`_gateway2_start`, begun before the module's first test) →
+    it claims exactly that → a statement paying it a deposit made for the first gateway cannot
+    be posted, even with every committee signature."""
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
     from node.chain.evm.account import PlanetChain
@@ -590,25 +807,11 @@ def test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the
     from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
     from shares.merkle import leaf_hash
 
-    home = tmp_path / "gateway2"
-    home.mkdir()
-    process, url, gateway2, log = _second_gateway(env, devnet, home)
+    started: _Gateway2Start = head_starts["gateway2"].result()
+    home, gateway2, fresh_user = started.home, started.gateway2, started.user
     try:
-        _wait(lambda: _healthy(url) or process.poll() is not None, 300, "the second gateway up")
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert "gateway bound: committee key " in log.read_text()  # said before serving
         rpc = devnet["committee_rpc"][0]
-        assert gateway2 in _query(rpc, "/gateways")["gateways"].values()
-        for _ in range(3):  # its first credits may still be in flight (mints are blind-signed)
-            asked = _planet(env, "ask", "--pay", "--gateway", url, *fresh_user.pay_args(),
-                            "--max-tokens", "4", "Say hello.", timeout=300)  # fmt: skip
-            if asked.returncode == 0:
-                break
-            time.sleep(10)
-        assert asked.returncode == 0, asked.stderr[-3000:] + log.read_text()[-3000:]
-        paid = _wait(lambda: _paid(devnet, [gateway2]), 120, "the second gateway paid in a root")
-        assert paid is not None
-        [(epoch, amount)] = paid[gateway2].items()
+        [(epoch, amount)] = started.paid[gateway2].items()
         view = _query(rpc, "/payouts", epoch=str(epoch))
         assert view["rows"] == [[gateway2, str(amount)]] and view["query_ids"]
         w3, escrow = escrow_contract(devnet)
@@ -619,12 +822,7 @@ def test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the
         assert claimed.returncode == 0, claimed.stderr[-2000:]
         assert escrow.functions.claimed(epoch, w3.to_checksum_address(gateway2)).call()
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        started.close()
 
     # a deposit made for the first gateway cannot be paid to the second, whoever signs
     _, first = _gateway_account(devnet)
@@ -660,11 +858,11 @@ def test_devnet_node_without_attested_stake_is_never_routable(env, devnet, tmp_p
     """A fresh wallet with no stake serves a node under its own key and registers it through a
     real agent process: the committee lists it SERVING, the watchers attest 0, and it never
     becomes routable."""
-    from node.keys import create_node_key, create_wallet
+    from node.keys import create_dev_wallet, create_node_key
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 
     home = tmp_path / "unstaked"
-    create_wallet(home / "wallet.json", "pw")
+    create_dev_wallet(home / "wallet.json", "pw")
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
     # its own node: the agent checks that its endpoint proves this key (TLS bound to it)
     node = start_node(
@@ -776,19 +974,24 @@ def _new_operator_joins_and_leaves(
     home: str,
     pay_args: list[str],
 ) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from node.keys import wallet_address
+
     broke = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
     assert broke.returncode != 0 and "Traceback" not in broke.stderr
-    shown = _planet(operator, "status", "--json", "--home", home, timeout=60)
-    address = json.loads(shown.stdout)["address"]
+    address = wallet_address(Path(home) / "wallet.json")  # the wallet `stake` made
     assert f"hint: send ETH to {address} (on a devnet: planet devnet fund {address} 10)" in (
         broke.stderr
     )
     funded = _planet(env, "devnet", "fund", address, "--json", timeout=60)
     assert funded.returncode == 0, funded.stderr
     assert int(json.loads(funded.stdout)["balance_wei"]) >= 10 * 10**18
-    listed = _planet(env, "devnet", "status", timeout=60)
-    assert listed.returncode == 0 and address in listed.stdout
-    assert address in [a["address"] for a in _status(env)["accounts"]]
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the two status commands side by side
+        as_json = pool.submit(_status, env)
+        listed = _planet(env, "devnet", "status", timeout=60)
+        assert listed.returncode == 0 and address in listed.stdout
+        assert address in [a["address"] for a in as_json.result()["accounts"]]
     staked = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
     assert staked.returncode == 0, staked.stderr
     model = Path(devnet["manifest"]).parent.name
@@ -863,12 +1066,15 @@ def _new_node_is_paid_its_going_price(
             if account.lower() == address.lower()
         )
 
-    for question in ("Count to three.", "Name a fruit.", "Say yes.", "Name a month."):
-        asked = _planet(env, "ask", "--pay", *pay_args, "--max-tokens", "6", question,
+    for question in QUESTIONS:
+        asked = _planet(env, "ask", "--pay", *pay_args, "--json", "--max-tokens", "6", question,
                         timeout=300)  # fmt: skip
         assert asked.returncode == 0, asked.stderr[-3000:]
-        try:  # the gateway explores a node it has not seen first: it serves within a question
-            _wait(redeemed, 40, "the new node's credits redeemed", every_s=2.0)
+        # the gateway explores a node it has not seen first: it serves within a few questions;
+        # one its circuit did not take (the receipt's nodes) is not waited for
+        served = key in json.loads(asked.stdout)["receipt"]["nodes"]
+        try:
+            _wait(redeemed, 90 if served else 5, "the new node's credits redeemed", every_s=2.0)
             return
         except AssertionError:
             continue

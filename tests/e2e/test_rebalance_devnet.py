@@ -11,12 +11,12 @@ agent goes on — the session's later tests need it). That shard then has no rou
 auto-placed node's agent sees the pool change, loads that shard in a second process while its
 old one still serves, re-registers (`move_shards`), drains its old process and stops it (and
 remembers when: `<home>/run/swap_memory.json`). Each node registered whether it rebalances. Paid
-questions are asked through the gateway, one after another, from the stop until the old process is
-drained (the gateway routes shard 0 through the moving node or the devnet's): none breaks at the
-move — a question fails only with `no_routable_node` for the short shard while nobody served it,
-and the ones asked after the moved node is listed are answered. The time from the chain no
-longer routing through the dead node to the moved node being routable on its shard is printed
-(`rebalance_recovery`) and bounded.
+questions are asked through the gateway, one after another about a second apart, from the stop
+until the old process is drained (the gateway routes shard 0 through the moving node or the
+devnet's): none breaks at the move — a question fails only with `no_routable_node` for the short
+shard while nobody served it, and the ones asked after the moved node is listed are answered.
+The time from the chain no longer routing through the dead node to the moved node being routable
+on its shard is printed (`rebalance_recovery`) and bounded.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,10 @@ RECOVERY_BOUND_S = 120  # short (not routable on chain) → served again by the 
 GATEWAY_REFRESH_S = 15  # the gateway reads the pool again within this
 MODEL = "smollm2-135m"  # the devnet's first model, as /v1/models names it
 TUNING = "--rebalance-jitter-s 2 --rebalance-drain-s 30 --rebalance-every 10"
+# the Asker's pause between two questions: a question every ~1-2 s still finds any break at the
+# move (the gateway's pool refresh alone is GATEWAY_REFRESH_S), while questions back to back
+# kept the gateway and every node busy for the whole ~100 s (issue 41: CPU is the budget)
+ASK_EVERY_S = 1.0
 
 
 def _joined(home: Path) -> dict[str, Any]:
@@ -88,7 +93,8 @@ def ask(api: Any) -> tuple[float, float, int, str]:
 
 
 class Asker(threading.Thread):
-    """Asks one paid question after another through the gateway until `stop`."""
+    """Asks one paid question after another through the gateway, `ASK_EVERY_S` apart, until
+    `stop`."""
 
     def __init__(self, api: Any, stop: threading.Event) -> None:
         super().__init__(daemon=True)
@@ -98,13 +104,18 @@ class Asker(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.answers.append(ask(self.api))
+            self.stop.wait(ASK_EVERY_S)
 
 
 def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     devnet_env: dict[str, str], shared_devnet: dict[str, Any], new_operator: Any, fresh_user: User
 ) -> None:
     rpc = shared_devnet["committee_rpc"][0]
-    mover = new_operator("auto", {"PLANET_REBALANCE_ARGS": TUNING})
+    # the user's deposit and key are made while the operator funds, stakes and joins
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        paying = pool.submit(paying_client, devnet_env, fresh_user, shared_devnet["gateway_url"])
+        mover = new_operator("auto", {"PLANET_REBALANCE_ARGS": TUNING})
+        api = paying.result()
     start = _joined(mover.home)["shard"]
     agent_log = mover.home / "run" / "agent.log"
     wait(lambda: "rebalance: stayed on shard" in agent_log.read_text(), 60, "a first decision")
@@ -116,7 +127,6 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     assert {_node(rpc, j["node_key"]).get("rebalances") for j in devnet} == {False}
     # paid questions are answered (a devnet just up forms its credit keys first: until then the
     # gateway's questions fail and it cools its nodes down)
-    api = paying_client(devnet_env, fresh_user, shared_devnet["gateway_url"])
     wait(lambda: ask(api)[2] == 0, 240, "a paid question answered", 2.0)
     # the devnet node of the highest other shard dies (to the committee)
     victims = [_joined(Path(h)) for h in shared_devnet["operators"]]

@@ -13,22 +13,69 @@ the nodes with the user's credits.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.personal_client import personal_client
-from tests.e2e.devnet_session import User, planet
+from tests.e2e.devnet_session import User, new_user, planet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 QUESTION = "What is the capital of France?"
 FIRST, SECOND = "smollm2-135m", "smollm2-135m-1p-int8"  # the names /v1/models gives them
+PERSONAL_TEST = "test_personal_client_answers_both_models_of_the_devnet"
 
 
 def _joined(home: str) -> dict[str, Any]:
     return json.loads((Path(home) / "run" / "joined.json").read_text())
+
+
+@dataclass(frozen=True)
+class _Credits:
+    """A user of the personal client's test's own and the credits it bought (`_buy_credits`)."""
+
+    user: User
+    credits_file: Path
+
+
+def _buy_credits(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> _Credits:
+    """A funded user deposits a credits balance at the escrow and buys 16 credits."""
+    user = new_user(env, devnet, folder / "user")
+    credits = folder / "credits.json"
+    pay = user.pay_args()
+    escrow = devnet["contracts"]["QueryEscrow"]
+    deposited = planet(env, "balance", "deposit", "0.00003", "--gateway", escrow, *pay)
+    assert deposited.returncode == 0, deposited.stderr[-2000:]
+    bought = planet(env, "credits", "buy", "16", "--credits-file", str(credits), *pay,
+                    timeout=240)  # fmt: skip
+    assert bought.returncode == 0, bought.stderr[-2000:]
+    return _Credits(user, credits)
+
+
+@pytest.fixture(scope="module")
+def bought_credits(
+    devnet_env: dict[str, str], shared_devnet: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Future[_Credits]]:  # fmt: skip
+    """`_buy_credits`, begun in the background with the module's first test (it waits for the
+    credits' blind-signed mints while the hosted gateway's test runs: issue 41)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(
+            _buy_credits, devnet_env, shared_devnet, tmp_path_factory.mktemp("personal-credits")
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _buying_early(request: pytest.FixtureRequest) -> None:
+    """Begins `bought_credits` with the module's first test when the personal client's runs."""
+    tests = {getattr(item, "originalname", item.name) for item in request.session.items}
+    if PERSONAL_TEST in tests:
+        request.getfixturevalue("bought_credits")
 
 
 def _key(env: dict[str, str], user: User, *model: str) -> str:
@@ -95,19 +142,15 @@ def test_gateway_answers_the_second_model_of_a_multi_model_node_and_still_the_fi
 
 
 def test_personal_client_answers_both_models_of_the_devnet(
-    devnet_env: dict[str, str], shared_devnet: dict[str, Any], fresh_user: User, tmp_path: Path
+    devnet_env: dict[str, str],
+    shared_devnet: dict[str, Any],
+    bought_credits: Future[_Credits],
+    tmp_path: Path,
 ) -> None:
     import openai
 
     devnet = shared_devnet
-    escrow = devnet["contracts"]["QueryEscrow"]
-    credits = tmp_path / "credits.json"
-    pay = fresh_user.pay_args()
-    deposited = planet(devnet_env, "balance", "deposit", "0.00003", "--gateway", escrow, *pay)
-    assert deposited.returncode == 0, deposited.stderr[-2000:]
-    bought = planet(devnet_env, "credits", "buy", "16", "--credits-file", str(credits), *pay,
-                    timeout=240)  # fmt: skip
-    assert bought.returncode == 0, bought.stderr[-2000:]
+    credits = bought_credits.result().credits_file  # a user's own, bought (`_buy_credits`)
     with personal_client(
         devnet["manifest"],
         devnet["committee_rpc"][0],
