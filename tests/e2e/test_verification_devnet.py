@@ -433,7 +433,8 @@ PAID_QUESTIONS = ("Name a planet.", "What is two plus two?", "Say hello in Frenc
 @pytest.fixture(scope="module")
 def joined_homes(devnet: dict[str, Any]) -> Iterator[list[Path]]:
     """Homes of operators the tests join themselves (`devnet down` does not know them): their
-    nodes serve to the module's end (the last test asks them), then are stopped."""
+    nodes serve until the last test, which stops them (`_stop_joined`; here again, at the
+    module's end, whatever a failed test left running)."""
     homes: list[Path] = []
     yield homes
     _stop_joined(homes)
@@ -536,6 +537,19 @@ class ChargingOperators:
         self.join()
         return {shard: joined.result(timeout=600) for shard, joined in enumerate(self.joined)}
 
+    def fetched(self) -> bool:
+        """True once every operator's `join` has its shard (fetched from the nodes serving it,
+        hash-checked, renamed into place); a join that failed raises here."""
+        self.join()
+        for joined in self.joined:
+            if joined.done():
+                joined.result()
+        shards = json.loads(Path(self.devnet["manifest"]).read_text())["shards"]
+        return all(
+            (home / "model" / shards[shard]["file"]).is_file()
+            for shard, home in enumerate(self.homes)
+        )
+
 
 @pytest.fixture(scope="module")
 def charging_operators(
@@ -562,8 +576,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     """A network where every routable node charges credits: three new operators join one charging
     node per shard (`planet join --credit-positions`, each given the manifest and the model's config
     only, so it fetches its shard from the nodes serving it; started by the first test,
-    `charging_operators`), then the honest free nodes leave. The user buys credits from the escrow
-    balance and asks through its own client (`planet gateway serve --personal`) with the official
+    `charging_operators`), and the honest free nodes leave once those have their shards. The
+    user buys credits from the escrow balance and asks through its own client (`planet gateway serve --personal`) with the official
     `openai` client. Every credit that left the credit file is redeemed by the nodes on the chain;
     the purchase is debited once into the escrow's credit pool and the pool pays exactly the credits
     redeemed, in posted statements whose rows hold the charging nodes. Then every tx since the test
@@ -588,14 +602,15 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     purchase.shutdown(wait=False)
 
     # three operators, each one charging node, side by side: each funded and staked since the
-    # first test, joined since the cheaters' conviction (`charging_operators`)
+    # first test, joining since the cheaters' conviction (`charging_operators`). Once each has
+    # fetched its shard from the nodes serving it, the free honest nodes leave, side by side,
+    # while the charging nodes load and register: then every node still routable charges
+    # credits. Each leaving node answers the spot checks of its last work before it stops (6
+    # epochs: the module goes on meanwhile; the last test waits for them and checks that no
+    # timeout verdict slashed an honest node for leaving)
     started = time.monotonic()
-    paid = charging_operators.nodes()
-    print(f"charging nodes joined {time.monotonic() - started:.0f} s into the test")
-    # the free honest nodes leave, side by side: every node still routable charges credits.
-    # Each node answers the spot checks of its last work before it stops (about a minute: the
-    # module goes on meanwhile; the last test waits for them and checks that no timeout verdict
-    # slashed an honest node for leaving)
+    _wait(charging_operators.fetched, 420, "the charging operators' shards fetched")
+    print(f"charging shards fetched {time.monotonic() - started:.0f} s into the test")
     operators = _operators(devnet)  # read before they leave (leaving removes joined.json)
     leaving.extend(
         subprocess.Popen(
@@ -607,6 +622,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         )
         for name in ("node0", "node1", "node2")
     )
+    paid = charging_operators.nodes()
+    print(f"charging nodes joined {time.monotonic() - started:.0f} s into the test")
 
     def only_charging_routable() -> bool:
         routable = {n["key"] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
@@ -1021,11 +1038,14 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
         return json.load(answer)["result"]
 
 
-def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
+def test_no_honest_node_is_slashed_for_leaving(devnet, leaving, joined_homes) -> None:
     """Last: the honest nodes' `planet leave` (started by the personal-client test) kept each
     node answering the spot checks of its last work, then stopped it; and no verdict against any
     of them was ever confirmed — in particular no ticket timeout for blocks they committed
-    before leaving."""
+    before leaving. (The charging nodes, whose work is done, stop meanwhile: `_stop_joined`.)"""
+    stopping = ThreadPoolExecutor(max_workers=1)
+    stopped = stopping.submit(_stop_joined, joined_homes)
+    stopping.shutdown(wait=False)
     assert len(leaving) == 3, "the honest nodes never left (the personal-client test failed)"
     for process in leaving:
         out, err = process.communicate(timeout=400)
@@ -1037,3 +1057,4 @@ def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
     honest = {addresses[name] for name in ("node0", "node1", "node2")}
     confirmed = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
     assert not [v for v in confirmed if v["node"].lower() in honest], confirmed
+    stopped.result(timeout=120)
