@@ -574,17 +574,17 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     env, devnet, charging_operators, leaving, personal_verifier, small_balance_purchases
 ) -> None:
     """A network where every routable node charges credits: three new operators join one charging
-    node per shard (`planet join --credit-positions`, each given the manifest and the model's config
-    only, so it fetches its shard from the nodes serving it; started by the first test,
-    `charging_operators`), and the honest free nodes leave once those have their shards. The
-    user buys credits from the escrow balance and asks through its own client (`planet gateway serve --personal`) with the official
-    `openai` client. Every credit that left the credit file is redeemed by the nodes on the chain;
-    the purchase is debited once into the escrow's credit pool and the pool pays exactly the credits
-    redeemed, in posted statements whose rows hold the charging nodes. Then every tx since the test
-    began and every state entry of a validator: nothing names both the payer and one of the nodes
-    that served it (the payout statement aside, which lists the epoch's payers and payees together
-    as totals), no mint holds a node key or any part of a credit that was redeemed, no record holds
-    a question."""
+    node per shard (`planet join --credit-positions`, each given the manifest and the model's
+    config only, so it fetches its shard from the nodes serving it; started by the first test,
+    `charging_operators`), and the honest free nodes leave once those have their shards. The user
+    buys credits from the escrow balance and asks through its own client (`planet gateway serve
+    --personal`) with the official `openai` client. Every credit that left the credit file is
+    redeemed by the nodes on the chain; the purchase is debited once into the escrow's credit
+    pool and the pool pays exactly the credits redeemed, in posted statements whose rows hold the
+    charging nodes. Then every tx since the test began and every state entry of a validator:
+    nothing names both the payer and one of the nodes that served it (the payout statement aside,
+    which lists the epoch's payers and payees together as totals), no mint holds a node key or
+    any part of a credit that was redeemed, no record holds a question."""
     import openai
 
     rpc = devnet["committee_rpc"][0]
