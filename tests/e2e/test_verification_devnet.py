@@ -35,8 +35,8 @@ What the module shows, each from the chain's own answers:
   tx since and no state entry links the payer to those nodes or holds a question; and
   validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
   with credits its operator bought from a wallet of its own), challenges those charging nodes
-  and scores them fully. The nodes `planet join` started here are stopped at the module's end,
-  while the committee runs: none outlives it.
+  and scores them fully. The nodes `planet join` started here are stopped by the last test,
+  while the committee runs: none outlives the module.
 
 Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
@@ -44,9 +44,11 @@ no verifiers and its genesis nodes serve every other module. Its epochs are the 
 default (the `devnet` fixture says why not shorter); what is independent runs side by side
 (the credits test's purchases, validator 0's operator's and the charging operators' funding
 and stakes, beside the wait for the convictions; the charging operators' joins, from the
-convictions on; the user's purchase, and validator 0's verifier
-restarting through its personal client, beside the personal-client test's waits for
-redemptions and statements; the `planet status` reads, the block reads).
+convictions on; the honest nodes' leave — 6 epochs, the module's longest wait — from the moment
+the charging operators have their shards, the verdicts', slashes' and marks' checks after it;
+the user's purchase, and validator 0's verifier restarting through its personal client,
+beside the personal-client test's waits for redemptions and statements; the charging nodes'
+stop beside the wait for the leaves; the `planet status` reads, the block reads).
 """
 
 from __future__ import annotations
