@@ -42,13 +42,13 @@ Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a ve
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
 no verifiers and its genesis nodes serve every other module. Its epochs are the devnet's
 default (the `devnet` fixture says why not shorter); what is independent runs side by side
-(the credits test's purchases, validator 0's operator's and the charging operators' funding
-and stakes, beside the wait for the convictions; the charging operators' joins, from the
-convictions on; the honest nodes' leave — 6 epochs, the module's longest wait — from the moment
+(the credits test's purchases, validator 0's operator's and the charging operators' funding and
+stakes, beside the wait for the convictions; the charging operators' joins, from the end of the
+first test on; the honest nodes' leave — 6 epochs, the module's longest wait — from the moment
 the charging operators have their shards, the verdicts', slashes' and marks' checks after it;
-the user's purchase, and validator 0's verifier restarting through its personal client,
-beside the personal-client test's waits for redemptions and statements; the charging nodes'
-stop beside the wait for the leaves; the `planet status` reads, the block reads).
+the user's purchase, and validator 0's verifier restarting through its personal client, beside
+the personal-client test's waits for redemptions and statements; the charging nodes' stop beside
+the wait for the leaves; the `planet status` reads, the block reads).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def test_cheaters_untrusted_within_5_epochs_honest_rise(
     relays. `small_balance_purchases`, `personal_verifier` and `charging_operators` start
     here: the credit purchases of two later tests and the charging operators' stakes run in
     the background while this one waits for the convictions; the charging nodes join once the
-    cheaters are convicted.)"""
+    cheaters are convicted and the honest nodes have risen.)"""
     rpc = devnet["committee_rpc"][0]
     honest, cheaters = ("node0", "node1", "node2"), ("node3", "node5")
     operators = _operators(devnet)
@@ -281,7 +281,6 @@ def test_cheaters_untrusted_within_5_epochs_honest_rise(
     started = time.monotonic()
     _wait(convicted, 600, "the substitute and the noisy node untrusted", every_s=1.0)
     print(f"cheaters untrusted after {time.monotonic() - started:.0f} s")
-    charging_operators.join()  # the personal-client test's nodes join from here on
     first = _first_checked_epoch(devnet)
     assert all(epoch - first <= 5 for epoch in untrusted_at.values()), (first, untrusted_at)
     assert seen_unroutable_honest == []
@@ -292,6 +291,9 @@ def test_cheaters_untrusted_within_5_epochs_honest_rise(
         return all((nodes[h] or {}).get("reputation", 0) >= 700_000 for h in honest)
 
     _wait(risen, 240, "the honest nodes' reputation above 0.7")
+    # the personal-client test's nodes join from here on (not before: routable beside the
+    # honest ones, they would take half the verifiers' challenges, and the rise waited for it)
+    charging_operators.join()
     assert re.search(r"challenge epoch=\d+", _verifier_logs(devnet))  # challenges ran
     accused = {v["node"].lower() for v in _query(rpc, "/verdicts")["verdicts"]}
     assert not accused & {operators[h]["address"].lower() for h in honest}
@@ -514,8 +516,8 @@ class ChargingOperators:
     """The personal-client test's three charging operators, one per shard (homes
     PLANET_HOME/charging0…2), side by side in the background: funded and staked from the
     module's first test on (nothing on the committee names them yet), joined (`join`) from the
-    moment the cheaters are convicted; `nodes` waits for the joins: {home, address, key} by
-    shard."""
+    end of that test (the cheaters convicted, the honest nodes risen); `nodes` waits for the
+    joins: {home, address, key} by shard."""
 
     env: dict[str, str]
     devnet: dict[str, Any]
@@ -557,11 +559,11 @@ class ChargingOperators:
 def charging_operators(
     env: dict[str, str], devnet: dict[str, Any], joined_homes: list[Path]
 ) -> Iterator[ChargingOperators]:
-    """`ChargingOperators`, started by the first test (their funding and stake beside the wait
-    for the convictions), joined by it once the cheaters are convicted (the nodes then serve
-    beside the free honest ones, which leave in the personal-client test), so that their
-    stake, shard fetch and model load overlap the tests that only wait for epochs and blocks
-    (issue 41: the personal-client test waited for the joins)."""
+    """`ChargingOperators`, started by the first test (their funding and stake beside the wait for
+    the convictions), joined by it at its end (the nodes then serve beside the free honest ones,
+    which leave in the personal-client test), so that their stake, shard fetch and model load
+    overlap the tests that only wait for epochs and blocks (issue 41: the personal-client test
+    waited for the joins)."""
     homes = [Path(env["PLANET_HOME"]) / f"charging{shard}" for shard in range(3)]
     joined_homes.extend(homes)  # not devnet operators: stopped at the module's end
     pool = ThreadPoolExecutor(max_workers=2 * len(homes))
@@ -603,13 +605,12 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     buying = purchase.submit(_deposit_and_buy, env, devnet, "0.00003", "24", "--json")
     purchase.shutdown(wait=False)
 
-    # three operators, each one charging node, side by side: each funded and staked since the
-    # first test, joining since the cheaters' conviction (`charging_operators`). Once each has
-    # fetched its shard from the nodes serving it, the free honest nodes leave, side by side,
-    # while the charging nodes load and register: then every node still routable charges
-    # credits. Each leaving node answers the spot checks of its last work before it stops (6
-    # epochs: the module goes on meanwhile; the last test waits for them and checks that no
-    # timeout verdict slashed an honest node for leaving)
+    # three operators, each one charging node, side by side: each funded and staked since the first
+    # test, joining since its end (`charging_operators`). Once each has fetched its shard from the
+    # nodes serving it, the free honest nodes leave, side by side, while the charging nodes load and
+    # register: then every node still routable charges credits. Each leaving node answers the spot
+    # checks of its last work before it stops (6 epochs: the module goes on meanwhile; the last test
+    # waits for them and checks that no timeout verdict slashed an honest node for leaving)
     started = time.monotonic()
     _wait(charging_operators.fetched, 420, "the charging operators' shards fetched")
     print(f"charging shards fetched {time.monotonic() - started:.0f} s into the test")
