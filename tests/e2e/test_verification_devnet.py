@@ -292,7 +292,7 @@ def test_cheaters_untrusted_within_5_epochs_honest_rise(
 
     _wait(risen, 240, "the honest nodes' reputation above 0.7")
     # the personal-client test's nodes join from here on (not before: routable beside the
-    # honest ones, they would take half the verifiers' challenges, and the rise waited for it)
+    # honest ones, they would share the challenges the honest nodes' rise is measured by)
     charging_operators.join()
     assert re.search(r"challenge epoch=\d+", _verifier_logs(devnet))  # challenges ran
     accused = {v["node"].lower() for v in _query(rpc, "/verdicts")["verdicts"]}
