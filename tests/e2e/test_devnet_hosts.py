@@ -56,7 +56,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,10 @@ def devnet(env: dict[str, str], loopback: dict[str, Any]) -> Iterator[dict[str, 
             # its verifier only has to be reachable (its findings server, published on chain):
             # idle, it does not challenge through the 50 ms links every epoch (issue 41)
             "--verifier-challenges", "0",
+            # one model: every question here is the default model's (the second model's seat,
+            # a host process for node0 and a seat operator that stakes and joins, serves none
+            # of them; tests/e2e/test_second_model_devnet.py runs it, issue 41)
+            "--one-model",
             # relay0…: relays (staked, registered, fronting); nat0 behind router0's NAT
             "--relay-hosts", str(RELAYS), "--nat-hosts", "1" if shutil.which("iptables") else "0",
             "--detach", timeout=UP_TIMEOUT_S,
@@ -409,22 +413,20 @@ print(' '.join(sorted(r.url for r in listed)))
 def relays(env, devnet, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """relay0… each: its operator's wallet funded, a Relay stake (`planet stake --role relay`),
     `planet relay serve` in its own host registering itself on the committee and fronting
-    nodes behind NAT (--rendezvous-ports); their URLs once the committee lists them all. The
-    wallets are funded one after another (one dev account sends them all), then each relay
-    stakes and starts in its own thread (its own wallet: no two share a nonce)."""
+    nodes behind NAT (--rendezvous-ports); their URLs once the committee lists them all. Each
+    relay is funded, stakes and starts in its own thread (`planet devnet fund` sends from
+    anvil's dev account, which numbers the transfers itself; each relay's own wallet: no two
+    share a nonce)."""
     from node.keys import create_dev_wallet
 
     addresses = {name: host["address"] for name, host in devnet["hosts"]["hosts"].items()}
-    homes = []
-    for i in range(RELAYS):
-        home = tmp_path_factory.mktemp(f"relay{i}")
-        wallet = create_dev_wallet(home / "wallet.json", f"relay{i} pw").address
-        funded = _planet(env, "devnet", "fund", wallet, timeout=60)
-        assert funded.returncode == 0, funded.stderr
-        homes.append(home)
+    homes = [tmp_path_factory.mktemp(f"relay{i}") for i in range(RELAYS)]
 
     def start(i: int) -> str:
         home = homes[i]
+        wallet = create_dev_wallet(home / "wallet.json", f"relay{i} pw").address
+        funded = _planet(env, "devnet", "fund", wallet, timeout=60)
+        assert funded.returncode == 0, funded.stderr
         own = {**env, "PLANET_PASSWORD": f"relay{i} pw"}
         staked = _in_host(
             own, f"relay{i}", "stake", "--role", "relay", "--amount", "0.1", "--home", str(home)
@@ -457,10 +459,8 @@ def relays(env, devnet, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return urls
 
 
-@pytest.fixture(scope="module")
-def user_credits(env, devnet) -> Path:
-    """The user's bearer credits (`planet credits buy`), bought in the user host."""
-    credits = Path(env["PLANET_HOME"]) / "credits.json"
+def _buy_user_credits(env: dict[str, str], credits: Path) -> Path:
+    """The user's bearer credits (`planet credits buy`), bought in the user host: `credits`."""
     deposited = _in_host(env, "user", "balance", "deposit", "0.0001", "--credits", timeout=180)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     bought = _in_host(
@@ -470,14 +470,30 @@ def user_credits(env, devnet) -> Path:
     return credits
 
 
+@pytest.fixture(scope="module")
+def user_credits_purchase(env, devnet) -> Iterator[Future[Path]]:
+    """`_buy_user_credits` in the background, started before the relays fixture: the purchase
+    waits for the validators while the relays stake and register (the user's wallet sends
+    nothing else meanwhile; issue 41)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(_buy_user_credits, env, Path(env["PLANET_HOME"]) / "credits.json")
+
+
+@pytest.fixture(scope="module")
+def user_credits(user_credits_purchase: Future[Path]) -> Path:
+    """The user's bearer credits file, once bought (`user_credits_purchase`)."""
+    return user_credits_purchase.result(timeout=600)
+
+
 def test_hosts_node_behind_nat_joins_fronted_by_a_relay_and_answers(
-    env, devnet, relays, user_credits, loopback, tmp_path_factory
+    env, devnet, user_credits_purchase, relays, user_credits, loopback, tmp_path_factory
 ) -> None:
     """nat0 sits behind router0's NAT: it dials out, nothing dials in. Its operator stakes and
     runs `planet join` with the default `--rendezvous check`: a listed relay dials it back,
     fails, and fronts it; the node is listed routable at its port on that relay. A question
     from the user host whose shard-2 node is the NAT'd one (a nodes file naming it) answers
-    the loopback text, its circuit going through the relay's port."""
+    the loopback text, its circuit going through the relay's port. (`user_credits_purchase`
+    before `relays`: the user's credits are bought while the relays start.)"""
     if "nat0" not in devnet["hosts"]["hosts"]:
         pytest.skip("no iptables here: the devnet has no host behind NAT")
     from node.keys import create_dev_wallet

@@ -34,15 +34,21 @@ What the module shows, each from the chain's own answers:
   purchase is debited once into the escrow's credit pool, which pays the redeeming nodes; no
   tx since and no state entry links the payer to those nodes or holds a question; and
   validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
-  with credits), challenges those charging nodes and scores them fully.
+  with credits its operator bought from a wallet of its own), challenges those charging nodes
+  and scores them fully. The nodes `planet join` started here are stopped by the last test,
+  while the committee runs: none outlives the module.
 
 Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
 no verifiers and its genesis nodes serve every other module. Its epochs are the devnet's
 default (the `devnet` fixture says why not shorter); what is independent runs side by side
-(the charging operators' funding, stake and joins, beside the tests that wait for epochs once
-the cheaters are convicted; the purchases and the restarted verifier's model load, the `planet
-status` reads, the block reads).
+(the credits test's purchases, validator 0's operator's and the charging operators' funding and
+stakes, beside the wait for the convictions; the charging operators' joins, from the end of the
+first test on; the honest nodes' leave — 6 epochs, the module's longest wait — from the moment
+the charging operators have their shards, the verdicts', slashes' and marks' checks after it;
+the user's purchase, and validator 0's verifier restarting through its personal client, beside
+the personal-client test's waits for redemptions and statements; the charging nodes' stop beside
+the wait for the leaves; the `planet status` reads, the block reads).
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +178,15 @@ def _operators(devnet: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _operator_accounts(devnet: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{node0 … node5: {home, address}} from devnet.json alone (an operator that left has no
+    joined.json)."""
+    addresses = {a["name"]: a["address"] for a in devnet["accounts"]}
+    return {
+        Path(h).name: {"home": h, "address": addresses[Path(h).name]} for h in devnet["operators"]
+    }
+
+
 def _nodes(devnet: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     """Node views by operator home name (None: no longer registered — a slashed node's
     registration expires once its stake is attested below the minimum)."""
@@ -214,9 +230,17 @@ def _first_checked_epoch(devnet: dict[str, Any]) -> int:
     return min(epochs)
 
 
-def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet) -> None:
-    from web3 import Web3
-
+def test_cheaters_untrusted_within_5_epochs_honest_rise(
+    devnet, small_balance_purchases, personal_verifier, charging_operators
+) -> None:
+    """The substitute and the noisy node untrusted and unroutable within 5 epochs of the first
+    check, the honest nodes routable throughout, their reputation up from 0.5, never accused.
+    (Their verdicts and slashes: `test_cheaters_verdicts_confirmed_and_stakes_slashed`, after
+    the personal-client test, so that the honest nodes' leave starts without waiting for the
+    relays. `small_balance_purchases`, `personal_verifier` and `charging_operators` start
+    here: the credit purchases of two later tests and the charging operators' stakes run in
+    the background while this one waits for the convictions; the charging nodes join once the
+    cheaters are convicted and the honest nodes have risen.)"""
     rpc = devnet["committee_rpc"][0]
     honest, cheaters = ("node0", "node1", "node2"), ("node3", "node5")
     operators = _operators(devnet)
@@ -254,47 +278,12 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
                 untrusted_at[name] = epoch
         return len(untrusted_at) == len(cheaters)
 
+    started = time.monotonic()
     _wait(convicted, 600, "the substitute and the noisy node untrusted", every_s=1.0)
+    print(f"cheaters untrusted after {time.monotonic() - started:.0f} s")
     first = _first_checked_epoch(devnet)
     assert all(epoch - first <= 5 for epoch in untrusted_at.values()), (first, untrusted_at)
     assert seen_unroutable_honest == []
-
-    # verdicts confirmed by ≥ 2/3 of the power (3 of 4 validators) against both cheaters (a
-    # node untrusted by its agreed challenge scores gets its verdict an epoch or so later)
-    def confirmed() -> list[dict[str, Any]]:
-        verdicts = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
-        addresses = {operators[name]["address"].lower() for name in cheaters}
-        found = [v for v in verdicts if v["node"].lower() in addresses]
-        return found if {v["node"].lower() for v in found} == addresses else []
-
-    verdicts = _wait(confirmed, 240, "confirmed verdicts against both cheaters")
-    assert all(len(v["signers"]) >= 3 for v in verdicts), verdicts
-    # the watchers relayed them: the cheaters' stake on the EVM chain is slashed (polled on
-    # the contract, where every stake is then read: the honest nodes' whole)
-    staking = _staking_contract(devnet)
-    for name in cheaters:
-        address = Web3.to_checksum_address(operators[name]["address"])
-        _wait(
-            lambda a=address: staking.functions.stakeOf(a).call() < 10**18,
-            120,
-            f"{name}'s stake slashed",
-            every_s=1.0,
-        )
-    names = (*cheaters, *honest)
-    stakes = {
-        name: staking.functions.stakeOf(Web3.to_checksum_address(operators[name]["address"])).call()
-        for name in names
-    }
-    assert all(stakes[c] < 10**18 for c in cheaters), stakes
-    assert all(stakes[h] == 10**18 for h in honest), stakes
-    # `planet status` shows a slashed operator's stake and a whole one's (one of each, side by
-    # side: five such processes took ~25 s of the shared 2-core box while the devnet ran on,
-    # issue 41; the contract above holds every one of the five)
-    shown = (cheaters[0], honest[0])
-    with ThreadPoolExecutor(max_workers=len(shown)) as pool:
-        read = pool.map(lambda name: _evm_stake(env, operators[name]["home"]), shown)
-        slashed, whole = read
-    assert slashed < 10**18 and whole == 10**18, (slashed, whole, stakes)
 
     # honest nodes: reputation up from 0.5, routable, never accused
     def risen() -> bool:
@@ -302,6 +291,9 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
         return all((nodes[h] or {}).get("reputation", 0) >= 700_000 for h in honest)
 
     _wait(risen, 240, "the honest nodes' reputation above 0.7")
+    # the personal-client test's nodes join from here on (not before: routable beside the
+    # honest ones, they would share the challenges the honest nodes' rise is measured by)
+    charging_operators.join()
     assert re.search(r"challenge epoch=\d+", _verifier_logs(devnet))  # challenges ran
     accused = {v["node"].lower() for v in _query(rpc, "/verdicts")["verdicts"]}
     assert not accused & {operators[h]["address"].lower() for h in honest}
@@ -348,20 +340,6 @@ def test_silent_node_is_flagged_unroutable_and_earns_nothing(devnet) -> None:
     assert all(paid.get(nodes[h]["address"].lower(), 0) > 0 for h in ("node0", "node2"))
 
 
-def test_no_verifier_is_marked_for_a_false_accusation(devnet, charging_operators) -> None:
-    """Accusations are settled SETTLE_EPOCHS after their vote: wait for the convictions' marks,
-    then no verifier has a refused accusation or a bench. (`charging_operators` starts here:
-    the personal-client test's three operators are funded, stake and join while this test and
-    the next two wait for their epochs and blocks.)"""
-
-    def settled() -> dict[str, Any]:
-        marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
-        return marks if any(m["confirmed"] for m in marks.values()) else {}
-
-    marks = _wait(settled, 240, "the verifiers' accusations settled")
-    assert all(m["refused"] == 0 and m["benched_until"] == 0 for m in marks.values()), marks
-
-
 def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
     silent_home = devnet["operators"][4]
     with ThreadPoolExecutor(max_workers=2) as pool:  # the two commands side by side
@@ -384,34 +362,72 @@ def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
     assert flags[nodes["node0"]["key"]] == (False, False)
 
 
-def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None:
+def _buy_against_a_small_balance(
+    env: dict[str, str], devnet: dict[str, Any]
+) -> dict[str, subprocess.CompletedProcess]:
+    """The user deposits 3 credits' worth at the escrow, buys 2, asks for 2 more (refused: the
+    balance covers 1), and counts the credits held: each command's result, by name."""
     escrow = devnet["contracts"]["QueryEscrow"]
-    deposit = _planet(env, "balance", "deposit", "0.000003", "--gateway", escrow, timeout=120)
+    return {
+        "deposit": _planet(
+            env, "balance", "deposit", "0.000003", "--gateway", escrow, timeout=120
+        ),  # 3 credits' worth at 10^12 wei each
+        "bought": _planet(env, "credits", "buy", "2", "--json", timeout=240),
+        "again": _planet(env, "credits", "buy", "2", "--wait", "120", timeout=240),
+        "held": _planet(env, "credits", "show", "--json", timeout=60),
+    }
+
+
+@pytest.fixture(scope="module")
+def small_balance_purchases(
+    env: dict[str, str], devnet: dict[str, Any]
+) -> Iterator[Future[dict[str, subprocess.CompletedProcess]]]:
+    """`_buy_against_a_small_balance`, started by the first test (the cheaters' conviction):
+    the purchases wait for the validators and an epoch's end, nothing of them depends on the
+    verifiers' work, and the user's escrow balance is its own (issue 41: the test waited ~40 s
+    of epochs on its own while the devnet burnt CPU). The personal-client test buys from the
+    same balance only after `test_credits_are_bought_only_against_the_escrow_balance` read
+    these."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        yield pool.submit(_buy_against_a_small_balance, env, devnet)
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_credits_are_bought_only_against_the_escrow_balance(small_balance_purchases) -> None:
+    done = small_balance_purchases.result(timeout=600)
+    deposit, bought = done["deposit"], done["bought"]
     assert deposit.returncode == 0, deposit.stderr  # 3 credits' worth at 10^12 wei each
-    bought = _planet(env, "credits", "buy", "2", "--json", timeout=240)
     assert bought.returncode == 0, bought.stderr
     assert json.loads(bought.stdout)["bought"] == 2
     assert "waiting for the validators" in bought.stderr  # progress shown
     # the balance covers 1 more credit, not 2: no validator vouches; the purchase waits in the
     # credit file while it could still be funded, and is dropped, uncharged, once it cannot
-    again = _planet(env, "credits", "buy", "2", "--wait", "120", timeout=240)
+    again = done["again"]
     assert again.returncode != 0 and "Traceback" not in again.stderr
     assert "not funded by the end of epoch" in again.stderr, again.stderr
     assert "nothing was charged" in again.stderr, again.stderr
-    held = _planet(env, "credits", "show", "--json", timeout=60)
+    held = done["held"]
     assert json.loads(held.stdout) | {"file": ""} == {"credits": 2, "pending": 0, "file": ""}
 
 
 def _deposit_and_buy(
-    env: dict[str, str], devnet: dict[str, Any], eth: str, credits: str, *extra: str
+    env: dict[str, str],
+    devnet: dict[str, Any],
+    eth: str,
+    credits: str,
+    *extra: str,
+    wallet: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess | None]:
     """`planet balance deposit ETH` at the escrow, then `planet credits buy CREDITS` (not run
-    when the deposit failed: None)."""
+    when the deposit failed: None); `wallet`: both commands' --wallet/--password-file (default:
+    the devnet's user)."""
     escrow = devnet["contracts"]["QueryEscrow"]
-    deposit = _planet(env, "balance", "deposit", eth, "--gateway", escrow, timeout=120)
+    deposit = _planet(env, "balance", "deposit", eth, "--gateway", escrow, *wallet, timeout=120)
     if deposit.returncode != 0:
         return deposit, None
-    return deposit, _planet(env, "credits", "buy", credits, *extra, timeout=240)
+    return deposit, _planet(env, "credits", "buy", credits, *extra, *wallet, timeout=240)
 
 
 PAID_POSITIONS = 64  # positions one credit buys on the charging nodes below
@@ -421,11 +437,11 @@ PAID_QUESTIONS = ("Name a planet.", "What is two plus two?", "Say hello in Frenc
 @pytest.fixture(scope="module")
 def joined_homes(devnet: dict[str, Any]) -> Iterator[list[Path]]:
     """Homes of operators the tests join themselves (`devnet down` does not know them): their
-    nodes serve to the module's end (the last test asks them), then are stopped."""
+    nodes serve until the last test, which stops them (`_stop_joined`; here again, at the
+    module's end, whatever a failed test left running)."""
     homes: list[Path] = []
     yield homes
-    for home in homes:
-        _stop_joined(home)
+    _stop_joined(homes)
 
 
 @pytest.fixture(scope="module")
@@ -440,29 +456,43 @@ def leaving(devnet: dict[str, Any]) -> Iterator[list[subprocess.Popen]]:
             process.communicate()
 
 
-def _charging_operator(
-    env: dict[str, str], devnet: dict[str, Any], home: Path, shard: int, port: int
-) -> dict[str, str]:
-    """A new operator in `home` running one charging node of `shard`: its wallet funded
-    (`planet devnet fund`), staked (`planet stake`) and joined (`planet join
-    --credit-positions`, given the manifest and the model's config only, so it fetches its
-    shard from the nodes serving it); {home, address, key}."""
+def _funded_and_staked(env: dict[str, str], devnet: dict[str, Any], home: Path) -> str:
+    """A new operator's wallet in `home`, funded (`planet devnet fund`) and staked (`planet
+    stake`): its address."""
     from node.keys import load_or_create_wallet
 
     password = Path(devnet["password_file"]).read_text()
-    with_password = {**env, "PLANET_PASSWORD": password}
     home.mkdir()
     address = load_or_create_wallet(home / "wallet.json", password).address
+    started = time.monotonic()
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     assert funded.returncode == 0, funded.stderr
+    print(f"{home.name} funded after {time.monotonic() - started:.0f} s")
     staked = run_captured(
         [sys.executable, "-m", "planet", "stake", "--role", "compute", "--amount", "1",
          "--home", str(home)],
         text=True,
-        env=with_password,
+        env={**env, "PLANET_PASSWORD": password},
         timeout=180,
     )  # fmt: skip
     assert staked.returncode == 0, staked.stderr[-3000:]
+    print(f"{home.name} staked after {time.monotonic() - started:.0f} s")
+    return address
+
+
+def _charging_operator(
+    env: dict[str, str],
+    devnet: dict[str, Any],
+    home: Path,
+    shard: int,
+    port: int,
+    staked: Future[str],
+) -> dict[str, str]:
+    """The operator in `home` (funded and staked: `staked`, its address) runs one charging
+    node of `shard`: `planet join --credit-positions`, given the manifest and the model's
+    config only, so it fetches its shard from the nodes serving it; {home, address, key}."""
+    address = staked.result(timeout=300)
+    with_password = {**env, "PLANET_PASSWORD": Path(devnet["password_file"]).read_text()}
     # the manifest alone: `join` fetches its shard from the nodes serving it (issue 27)
     manifest = home / "model" / Path(devnet["manifest"]).name
     manifest.parent.mkdir()
@@ -481,49 +511,91 @@ def _charging_operator(
     return {"home": str(home), "address": address.lower(), "key": key}
 
 
+@dataclass
+class ChargingOperators:
+    """The personal-client test's three charging operators, one per shard (homes
+    PLANET_HOME/charging0…2), side by side in the background: funded and staked from the
+    module's first test on (nothing on the committee names them yet), joined (`join`) from the
+    end of that test (the cheaters convicted, the honest nodes risen); `nodes` waits for the
+    joins: {home, address, key} by shard."""
+
+    env: dict[str, str]
+    devnet: dict[str, Any]
+    homes: list[Path]
+    pool: ThreadPoolExecutor
+    staked: list[Future[str]]
+    joined: list[Future[dict[str, str]]] = field(default_factory=list)
+
+    def join(self) -> None:
+        if self.joined:
+            return
+        ports = [ephemeral_port() for _ in self.homes]  # three at once on one host: each its own
+        self.joined = [
+            self.pool.submit(_charging_operator, self.env, self.devnet, home, shard, port, staked)
+            for shard, (home, port, staked) in enumerate(
+                zip(self.homes, ports, self.staked, strict=True)
+            )
+        ]
+
+    def nodes(self) -> dict[int, dict[str, str]]:
+        self.join()
+        return {shard: joined.result(timeout=600) for shard, joined in enumerate(self.joined)}
+
+    def fetched(self) -> bool:
+        """True once every operator's `join` has its shard (fetched from the nodes serving it,
+        hash-checked, renamed into place); a join that failed raises here."""
+        self.join()
+        for joined in self.joined:
+            if joined.done():
+                joined.result()
+        shards = json.loads(Path(self.devnet["manifest"]).read_text())["shards"]
+        return all(
+            (home / "model" / shards[shard]["file"]).is_file()
+            for shard, home in enumerate(self.homes)
+        )
+
+
 @pytest.fixture(scope="module")
 def charging_operators(
     env: dict[str, str], devnet: dict[str, Any], joined_homes: list[Path]
-) -> Iterator[list[Any]]:
-    """The personal-client test's three charging operators, one per shard, side by side
-    (`_charging_operator`), started in the background by the first test that asks: the
-    false-accusation test, once the cheaters are convicted (the nodes then serve beside the
-    free honest ones, which leave in the personal-client test), so that their funding, stake,
-    shard fetch and model load overlap the tests that only wait for epochs and blocks.
-    Futures of {home, address, key}, homes PLANET_HOME/charging0…2."""
+) -> Iterator[ChargingOperators]:
+    """`ChargingOperators`, started by the first test (their funding and stake beside the wait for
+    the convictions), joined by it at its end (the nodes then serve beside the free honest ones,
+    which leave in the personal-client test), so that their stake, shard fetch and model load
+    overlap the tests that only wait for epochs and blocks (issue 41: the personal-client test
+    waited for the joins)."""
     homes = [Path(env["PLANET_HOME"]) / f"charging{shard}" for shard in range(3)]
-    ports = [ephemeral_port() for _ in homes]  # three at once on one host: each its own
     joined_homes.extend(homes)  # not devnet operators: stopped at the module's end
-    pool = ThreadPoolExecutor(max_workers=len(homes))
+    pool = ThreadPoolExecutor(max_workers=2 * len(homes))
     try:
-        yield [
-            pool.submit(_charging_operator, env, devnet, home, shard, port)
-            for shard, (home, port) in enumerate(zip(homes, ports, strict=True))
-        ]
+        staked = [pool.submit(_funded_and_staked, env, devnet, home) for home in homes]
+        yield ChargingOperators(env, devnet, homes, pool, staked)
     finally:
         pool.shutdown(wait=True)
 
 
 def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_payer(
-    env, devnet, charging_operators, leaving
+    env, devnet, charging_operators, leaving, personal_verifier, small_balance_purchases
 ) -> None:
     """A network where every routable node charges credits: three new operators join one charging
-    node per shard (`planet join --credit-positions`, each given the manifest and the model's config
-    only, so it fetches its shard from the nodes serving it; started by the false-accusation test,
-    `charging_operators`), then the honest free nodes leave. The user buys credits from the escrow
-    balance and asks through its own client (`planet gateway serve --personal`) with the official
-    `openai` client. Every credit that left the credit file is redeemed by the nodes on the chain;
-    the purchase is debited once into the escrow's credit pool and the pool pays exactly the credits
-    redeemed, in posted statements whose rows hold the charging nodes. Then every tx since the test
-    began and every state entry of a validator: nothing names both the payer and one of the nodes
-    that served it (the payout statement aside, which lists the epoch's payers and payees together
-    as totals), no mint holds a node key or any part of a credit that was redeemed, no record holds
-    a question."""
+    node per shard (`planet join --credit-positions`, each given the manifest and the model's
+    config only, so it fetches its shard from the nodes serving it; started by the first test,
+    `charging_operators`), and the honest free nodes leave once those have their shards. The user
+    buys credits from the escrow balance and asks through its own client (`planet gateway serve
+    --personal`) with the official `openai` client. Every credit that left the credit file is
+    redeemed by the nodes on the chain; the purchase is debited once into the escrow's credit
+    pool and the pool pays exactly the credits redeemed, in posted statements whose rows hold the
+    charging nodes. Then every tx since the test began and every state entry of a validator:
+    nothing names both the payer and one of the nodes that served it (the payout statement aside,
+    which lists the epoch's payers and payees together as totals), no mint holds a node key or
+    any part of a credit that was redeemed, no record holds a question."""
     import openai
 
     rpc = devnet["committee_rpc"][0]
     password = Path(devnet["password_file"]).read_text()
     with_password = {**env, "PLANET_PASSWORD": password}
+    # the credits test's purchases count the same balance and credit file: over first
+    small_balance_purchases.result(timeout=600)
     start_height = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
 
     # first the user buys credits (the escrow balance pays the mint): nothing of it depends
@@ -533,15 +605,15 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     buying = purchase.submit(_deposit_and_buy, env, devnet, "0.00003", "24", "--json")
     purchase.shutdown(wait=False)
 
-    # three operators, each one charging node, side by side: each funded, staked and joined
-    # since the false-accusation test (`charging_operators`)
-    paid = {
-        shard: operator.result(timeout=600) for shard, operator in enumerate(charging_operators)
-    }
-    # the free honest nodes leave, side by side: every node still routable charges credits.
-    # Each node answers the spot checks of its last work before it stops (about a minute: the
-    # module goes on meanwhile; the last test waits for them and checks that no timeout verdict
-    # slashed an honest node for leaving)
+    # three operators, each one charging node, side by side: each funded and staked since the first
+    # test, joining since its end (`charging_operators`). Once each has fetched its shard from the
+    # nodes serving it, the free honest nodes leave, side by side, while the charging nodes load and
+    # register: then every node still routable charges credits. Each leaving node answers the spot
+    # checks of its last work before it stops (6 epochs: the module goes on meanwhile; the last test
+    # waits for them and checks that no timeout verdict slashed an honest node for leaving)
+    started = time.monotonic()
+    _wait(charging_operators.fetched, 420, "the charging operators' shards fetched")
+    print(f"charging shards fetched {time.monotonic() - started:.0f} s into the test")
     operators = _operators(devnet)  # read before they leave (leaving removes joined.json)
     leaving.extend(
         subprocess.Popen(
@@ -553,6 +625,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         )
         for name in ("node0", "node1", "node2")
     )
+    paid = charging_operators.nodes()
+    print(f"charging nodes joined {time.monotonic() - started:.0f} s into the test")
 
     def only_charging_routable() -> bool:
         routable = {n["key"] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
@@ -584,6 +658,10 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         log_path=Path(devnet["dir"]) / "logs" / "personal.log",
     ) as client:
         _wait(only_charging_routable, 300, "the charging nodes alone routable")
+        # validator 0's verifier restarts through its operator's personal client meanwhile
+        # (the next test's, `personal_verifier`): its challenges reach the charging nodes only
+        personal_verifier.start()
+        print(f"charging nodes alone routable {time.monotonic() - started:.0f} s into the test")
         api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
         receipts = []
         for question in PAID_QUESTIONS:
@@ -615,6 +693,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         return max(heights) if len(heights) == spent else None
 
     redeemed_by = _wait(users_redeemed, 120, "the nodes redeeming the user's credits", 3.0)
+    print(f"the user's credits redeemed {time.monotonic() - started:.0f} s into the test")
     # each charging node redeemed some of them (a redeem refused before the node's commitments
     # landed, UNCOMMITTED_REDEMPTION, is in a block all the same: its credits were sent again)
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
@@ -649,6 +728,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         return views if drawn >= spent * price else None
 
     views = _wait(paid_out, 300, "the redeemed credits paid from the pool in posted statements")
+    print(f"the pool's payouts posted {time.monotonic() - started:.0f} s into the test")
     purchases = [pairs(v)[(user, pool)] for v in views if (user, pool) in pairs(v)]
     assert purchases == [24 * price]  # 24 credits at the devnet's price, debited once
     # the pool paid at least the user's credits (the gateway's, redeemed meanwhile, too)
@@ -661,32 +741,132 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     _assert_nothing_links(devnet, user, paid, start_height)
 
 
-def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_nodes(
-    env, devnet, joined_homes
-) -> None:
-    """After the test before, the routable nodes are the three charging ones that joined.
-    Validator 0's operator buys credits, runs their own personal client (route uniform, so
-    every routable node is challenged) and restarts their verifier with `--personal-client`
-    instead of asking through the hosted gateway (which sees every challenge): its next
-    challenge runs on the charging nodes (paid with those credits), names them, and scores the
-    honest ones fully. (The credits come from the devnet's user wallet: a verifier operator
-    buys them like any user.)"""
+def test_cheaters_verdicts_confirmed_and_stakes_slashed(env, devnet) -> None:
+    """The convictions of `test_cheaters_untrusted_within_5_epochs_honest_rise` reach the
+    chains: verdicts confirmed by ≥ 2/3 of the power against both cheaters, relayed by the
+    watchers, their stake slashed on the EVM chain, the honest nodes' whole (checked after the
+    personal-client test: by then the relays are long done, so nothing waits for them)."""
+    from web3 import Web3
+
+    rpc = devnet["committee_rpc"][0]
+    honest, cheaters = ("node0", "node1", "node2"), ("node3", "node5")
+    operators = _operator_accounts(devnet)  # the honest ones have left: no joined.json
+
+    # verdicts confirmed by ≥ 2/3 of the power (3 of 4 validators) against both cheaters (a
+    # node untrusted by its agreed challenge scores gets its verdict an epoch or so later)
+    def confirmed() -> list[dict[str, Any]]:
+        verdicts = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
+        addresses = {operators[name]["address"].lower() for name in cheaters}
+        found = [v for v in verdicts if v["node"].lower() in addresses]
+        return found if {v["node"].lower() for v in found} == addresses else []
+
+    verdicts = _wait(confirmed, 240, "confirmed verdicts against both cheaters")
+    assert all(len(v["signers"]) >= 3 for v in verdicts), verdicts
+    # the watchers relayed them: the cheaters' stake on the EVM chain is slashed (polled on
+    # the contract, where every stake is then read: the honest nodes' whole)
+    staking = _staking_contract(devnet)
+    for name in cheaters:
+        address = Web3.to_checksum_address(operators[name]["address"])
+        _wait(
+            lambda a=address: staking.functions.stakeOf(a).call() < 10**18,
+            120,
+            f"{name}'s stake slashed",
+            every_s=1.0,
+        )
+    names = (*cheaters, *honest)
+    stakes = {
+        name: staking.functions.stakeOf(Web3.to_checksum_address(operators[name]["address"])).call()
+        for name in names
+    }
+    assert all(stakes[c] < 10**18 for c in cheaters), stakes
+    assert all(stakes[h] == 10**18 for h in honest), stakes
+    # `planet status` shows a slashed operator's stake and a whole one's (one of each, side by
+    # side: five such processes took ~25 s of the shared 2-core box while the devnet ran on,
+    # issue 41; the contract above holds every one of the five)
+    shown = (cheaters[0], honest[0])
+    with ThreadPoolExecutor(max_workers=len(shown)) as pool:
+        read = pool.map(lambda name: _evm_stake(env, operators[name]["home"]), shown)
+        slashed, whole = read
+    assert slashed < 10**18 and whole == 10**18, (slashed, whole, stakes)
+
+
+def test_no_verifier_is_marked_for_a_false_accusation(devnet) -> None:
+    """Accusations are settled SETTLE_EPOCHS after their vote: wait for the convictions' marks,
+    then no verifier has a refused accusation or a bench. (After the personal-client test: the
+    marks settle while the honest nodes leave, not before.)"""
+
+    def settled() -> dict[str, Any]:
+        marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
+        return marks if any(m["confirmed"] for m in marks.values()) else {}
+
+    marks = _wait(settled, 240, "the verifiers' accusations settled")
+    assert all(m["refused"] == 0 and m["benched_until"] == 0 for m in marks.values()), marks
+
+
+VERIFIER_CREDITS = 24  # validator 0's operator's credits for its verifier's personal client
+
+
+def _verifier_operator_credits(
+    env: dict[str, str], devnet: dict[str, Any], credits_file: Path
+) -> tuple[subprocess.CompletedProcess, ...]:
+    """Validator 0's operator buys credits like any user, from a wallet of its own (funded by
+    `planet devnet fund`; not the verifier's wallet, which deposits a query id per challenge
+    meanwhile, nor the devnet's user, whose purchases the other tests count):
+    (fund, deposit, buy)."""
+    from node.keys import load_or_create_wallet
+
+    home = Path(env["PLANET_HOME"]) / "verifier0-operator"
+    home.mkdir()
+    wallet = home / "wallet.json"
+    address = load_or_create_wallet(wallet, Path(devnet["password_file"]).read_text()).address
+    funded = _planet(env, "devnet", "fund", address, timeout=60)
+    if funded.returncode != 0:
+        return (funded,)
+    paying = ("--wallet", str(wallet), "--password-file", devnet["password_file"])
+    return funded, *_deposit_and_buy(
+        env, devnet, "0.00003", str(VERIFIER_CREDITS), "--credits-file", str(credits_file),
+        wallet=paying,
+    )  # fmt: skip
+
+
+@dataclass
+class PersonalVerifier:
+    """Validator 0's verifier restarted with `--personal-client` (see `personal_verifier`),
+    run in the background once `start` is called: what the test reads afterwards."""
+
+    env: dict[str, str]
+    devnet: dict[str, Any]
+    credits_file: Path
+    purchase: Future[tuple[subprocess.CompletedProcess, ...]]
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
+    run: Future[dict[str, Any]] | None = None
+
+    def start(self) -> None:
+        if self.run is None:
+            self.run = self.pool.submit(_challenge_through_a_personal_client, self)
+
+    def result(self) -> dict[str, Any]:
+        self.start()
+        assert self.run is not None
+        return self.run.result(timeout=900)
+
+
+def _challenge_through_a_personal_client(job: PersonalVerifier) -> dict[str, Any]:
+    """Stop validator 0's hosted verifier, start it again with `--personal-client` pointed at
+    its operator's own client (route uniform: every routable node is challenged), started with
+    the operator's credits; the first challenge it logs: {charging, circuit, credibility}, the
+    charging set being the routable nodes when it restarted."""
     from deploy.committee.network import load_network
     from node.gateway.personal_token import load_or_create
     from node.procs import spawn_logged
 
+    env, devnet = job.env, job.devnet
     rpc = devnet["committee_rpc"][0]
     charging = {n["key"][:12] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
-    assert len(charging) == 3 and len(joined_homes) == 3, charging  # the test before's nodes
-    credits_file = Path(env["PLANET_HOME"]) / "verifier0-credits.json"
-    # the credits are bought while validator 0's verifier restarts and loads its model: it is
-    # pointed at its personal client's port and token before the client can start (a client
-    # needs credits to start; the verifier waits for it, and asks again at each challenge)
-    purchase = ThreadPoolExecutor(max_workers=1)
-    buying = purchase.submit(
-        _deposit_and_buy, env, devnet, "0.00003", "24", "--credits-file", str(credits_file)
-    )
-    purchase.shutdown(wait=False)
+    purchase = job.purchase.result(timeout=600)
+    for done in purchase:
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert len(purchase) == 3 and purchase[2] is not None, purchase
     validator = load_network(Path(devnet["committee_dir"])).validators[0]
     hosted = devnet["pids"]["verifiers"][0]  # validator 0's verifier, asking the gateway
     os.kill(hosted, signal.SIGTERM)
@@ -696,6 +876,8 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
     token_file = client_log.with_suffix(".token")
     load_or_create(token_file)  # the client's token, drawn now: the client reads it at start
     port = ephemeral_port()
+    # pointed at its personal client's port and token before the client starts: the verifier
+    # loads its model meanwhile, waits for the client, and asks again at each challenge
     argv = [sys.executable, "-m", "planet", "verifier", "serve",
             "--home", validator.home, "--manifest", devnet["manifest"],
             "--personal-client", f"http://127.0.0.1:{port}",
@@ -707,16 +889,13 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
             "--challenges-per-epoch", "1", "--sampled-per-epoch", "0"]  # fmt: skip
     verifier = spawn_logged(argv, log_path, env=env)
     try:
-        deposit, bought = buying.result(timeout=400)
-        assert deposit.returncode == 0, deposit.stderr
-        assert bought is not None and bought.returncode == 0, bought and bought.stderr
         with personal_client(
             devnet["manifest"],
             rpc,
             min_positions=PAID_POSITIONS,
             env=env,
             log_path=client_log,
-            credits_file=credits_file,
+            credits_file=job.credits_file,
             route="uniform",  # a verifier's client: its challenges reach every routable node
             token_file=token_file,
             port=port,
@@ -731,20 +910,62 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
     finally:
         verifier.terminate()
         verifier.wait(timeout=30)
-    assert set(json.loads(circuit.replace("'", '"'))) == charging
-    assert int(credibility) == 1_000_000  # honest charging nodes score fully
-    assert CreditWallet(credits_file).count() < 24  # the verifier's credits paid them
+    return {"charging": charging, "circuit": circuit, "credibility": credibility}
 
 
-def _stop_joined(home: Path) -> None:
-    """Stop the node and agent `planet join` started from `home` (`devnet down` does not know
-    them)."""
-    joined = home / "run" / "joined.json"
-    if joined.is_file():
-        record = json.loads(joined.read_text())
-        for pid in (record["agent_pid"], record["node_pid"]):
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGTERM)
+@pytest.fixture(scope="module")
+def personal_verifier(env: dict[str, str], devnet: dict[str, Any]) -> Iterator[PersonalVerifier]:
+    """Validator 0's verifier through its operator's personal client: the operator's credits
+    bought from the first test on (`_verifier_operator_credits`: a payer of its own, so no
+    other test's purchase or balance sees them), the restart started by the personal-client
+    test once the charging nodes alone are routable, so that the verifier's model load and
+    first challenge overlap that test's waits for redemptions and posted statements (issue 41:
+    the two ran one after the other, ~50 s of a devnet burning CPU)."""
+    credits_file = Path(env["PLANET_HOME"]) / "verifier0-credits.json"
+    buying = ThreadPoolExecutor(max_workers=1)
+    job = PersonalVerifier(
+        env, devnet, credits_file,
+        buying.submit(_verifier_operator_credits, env, devnet, credits_file),
+    )  # fmt: skip
+    try:
+        yield job
+    finally:
+        buying.shutdown(wait=True)
+        job.pool.shutdown(wait=True)
+
+
+def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_nodes(
+    joined_homes, personal_verifier
+) -> None:
+    """After the test before, the routable nodes are the three charging ones that joined.
+    Validator 0's operator buys credits (like any user, from a wallet of its own), runs their
+    own personal client (route uniform, so every routable node is challenged) and restarts
+    their verifier with `--personal-client` instead of asking through the hosted gateway
+    (which sees every challenge): its next challenge runs on the charging nodes (paid with
+    those credits), names them, and scores the honest ones fully. (Started in the background
+    by the test before, `personal_verifier`, once the charging nodes alone were routable.)"""
+    done = personal_verifier.result()
+    charging = done["charging"]
+    assert len(charging) == 3 and len(joined_homes) == 3, charging  # the test before's nodes
+    assert set(json.loads(done["circuit"].replace("'", '"'))) == charging
+    assert int(done["credibility"]) == 1_000_000  # honest charging nodes score fully
+    # the verifier's credits paid them
+    assert CreditWallet(personal_verifier.credits_file).count() < VERIFIER_CREDITS
+
+
+def _stop_joined(homes: list[Path]) -> None:
+    """Stop the agents and nodes `planet join` started from `homes` (`devnet down` does not
+    know them), side by side, while the committee still runs: each agent's `leave` commits and
+    it exits (killed after a grace), then its node; none outlives the module."""
+    from node.agent.launch import read_joined, stop_joined
+
+    records = [joined for home in homes if (joined := read_joined(home / "run")) is not None]
+    with ThreadPoolExecutor(max_workers=max(1, len(homes))) as pool:
+        list(pool.map(lambda home: stop_joined(home / "run"), homes))
+    left = [
+        pid for joined in records for pid in (joined.agent_pid, joined.node_pid) if pid_alive(pid)
+    ]
+    assert not left, f"joined processes {left} outlived the module"
 
 
 def _raw_txs_since(rpc: str, start_height: int) -> list[bytes]:
@@ -820,11 +1041,14 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
         return json.load(answer)["result"]
 
 
-def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
+def test_no_honest_node_is_slashed_for_leaving(devnet, leaving, joined_homes) -> None:
     """Last: the honest nodes' `planet leave` (started by the personal-client test) kept each
     node answering the spot checks of its last work, then stopped it; and no verdict against any
     of them was ever confirmed — in particular no ticket timeout for blocks they committed
-    before leaving."""
+    before leaving. (The charging nodes, whose work is done, stop meanwhile: `_stop_joined`.)"""
+    stopping = ThreadPoolExecutor(max_workers=1)
+    stopped = stopping.submit(_stop_joined, joined_homes)
+    stopping.shutdown(wait=False)
     assert len(leaving) == 3, "the honest nodes never left (the personal-client test failed)"
     for process in leaving:
         out, err = process.communicate(timeout=400)
@@ -836,3 +1060,4 @@ def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
     honest = {addresses[name] for name in ("node0", "node1", "node2")}
     confirmed = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
     assert not [v for v in confirmed if v["node"].lower() in honest], confirmed
+    stopped.result(timeout=120)
