@@ -1,5 +1,6 @@
 """Shared bits of the bench scripts: the machine block, small statistics helpers and the
-`--quick` smoke run every bench offers (tests/integration/test_bench_smoke.py runs each one)."""
+`--quick` smoke run every bench offers (tests/integration/test_bench_smoke.py runs each one).
+Importing it defers hqq's import-time `torch.compile` (bench/_lazy_compile.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from bench import _lazy_compile
+
+_lazy_compile.install()  # hqq's import-time torch.compile: ~3.4 CPU-s a process (its docstring)
 
 
 def machine() -> dict[str, Any]:

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "--device", args.device,
     ]  # fmt: skip
     if args.quick and args.model == "default":  # the cached shards, not hashed here first:
-        from harness.gateway_net import prepared_manifest  # each node checks its shard's hash
+        from harness.shard_cache import prepared_manifest  # each node checks its shard's hash
 
         manifest = prepared_manifest(parts=args.parts, quant=args.quant)
     else:

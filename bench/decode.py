@@ -5,8 +5,8 @@ default (`auto`: the same kernel unless `PLANET_INT8_KERNEL=0`, which this bench
 the opt-out (`dequant`: the fast path on weights de-quantized to fp32 at load, the default
 before the kernel became verifiable).
 
-    python bench/decode.py --quick     # smoke run: 2 new tokens, 1 repeat, each quant's
-                                       # files hashed once (≤ 20 s on a quiet box)
+    python bench/decode.py --quick     # smoke run: 2 new tokens, 1 repeat, 1 thread, each
+                                       # quant's files hashed once (~10 CPU-s)
     python bench/decode.py             # 64 new tokens, medians of 5 interleaved repeats
 
 The shards of the 3-part SmolLM2-135M circuit (the prepared cache) run in this process one after
@@ -64,7 +64,7 @@ def _circuit(quant: str, path: str, head: Any = None) -> tuple[Any, list[Any]]:
     """The client head and the 3 shards of `quant` on `path`. Given the quant's `head` (a
     smoke run's second path of the same files), it is reused and the shard files, whose hashes
     the first load checked, are not hashed again."""
-    from harness.gateway_net import prepared_manifest
+    from harness.shard_cache import prepared_manifest
     from node.model.head import ClientHead
     from node.model.shard import ShardModel
 
@@ -120,11 +120,15 @@ def llama_cpp_tok_s(gguf: Path, threads: int, new_tokens: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="2 tokens, 1 repeat, each quant's files hashed once"
+        "--quick",
+        action="store_true",
+        help="2 tokens, 1 repeat, 1 thread, each quant's files hashed once",
     )
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--threads", default="1,2", help="torch thread counts (default 1,2)")
+    parser.add_argument(
+        "--threads", default=None, help="torch thread counts (default 1,2; --quick: 1)"
+    )
     parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp comparison (opt-in)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("%s ignored: this bench runs each path by name", name)
     new_tokens = args.new_tokens or (2 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)
-    threads = [int(t) for t in args.threads.split(",") if t]
+    threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",") if t]
     loaded: dict[tuple[str, str], tuple[Any, list[Any]]] = {}
     load_s: dict[str, float] = {}
     for quant, path in CONFIGS:

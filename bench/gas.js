@@ -2,6 +2,8 @@
 // touch of every storage slot, i.e. the worst realistic case). Prints ONE JSON object on stdout in
 // the /work/shared/BENCHMARKS.md shape; everything else goes to stderr.
 //   npx hardhat compile && npx hardhat run bench/gas.js
+//   PLANET_BENCH_QUICK=1 npx hardhat run bench/gas.js   # smoke run: epochs of 4 questions (1, 2
+//                       and 4 payers), 2 payers at two gateways (`hardhat run` takes no arguments)
 const hre = require("hardhat");
 const os = require("os");
 const { ethers } = hre;
@@ -115,6 +117,12 @@ async function twoGatewaySettleGas(payerCount) {
   return postGas(env, 1n, [], [], debits, payee.address);
 }
 
+const QUICK = process.env.PLANET_BENCH_QUICK === "1";
+// an epoch's questions, its payer counts (fewest, middle, most) and the two-gateway posting's payers
+const QUESTIONS = QUICK ? 4 : 100;
+const PAYERS = QUICK ? [1, 2, 4] : [1, 10, 100];
+const TWO_GATEWAY_PAYERS = QUICK ? 2 : 10;
+
 async function main() {
   const [, node, user, challenger, operator, gateway] = await ethers.getSigners();
   const env = await h.deployAll();
@@ -190,25 +198,28 @@ async function main() {
   const tsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", topUp);
   m.verdict_top_up_4_signers_gas = await gasOf(env.fraudProofs.slashByVerdict(topUp, tsigs));
 
-  // prepaid balances vs per-query deposits, 100 questions in one epoch
-  const one = await perQuestionGas(100, 1);
-  const ten = await perQuestionGas(100, 10);
-  const hundred = await perQuestionGas(100, 100);
-  m.per_query_question_gas_100 = one.perQuery;
-  m.per_query_question_no_refund_gas_100 = one.perQueryNoRefund;
-  m.prepaid_question_gas_100_1_payer = one.prepaid;
-  m.prepaid_question_gas_100_10_payers = ten.prepaid;
-  m.prepaid_question_gas_100_10_payers_staying = ten.prepaidNoWithdrawal;
-  m.prepaid_question_gas_100_100_payers = hundred.prepaid;
-  m.settle_100_queries_4_signers_gas = one.settleQueries;
-  m.settle_1_payer_4_signers_gas = one.settleDebits;
-  m.settle_10_payers_4_signers_gas = ten.settleDebits;
-  m.settle_100_payers_4_signers_gas = hundred.settleDebits;
-  m.debit_marginal_gas = Math.round((hundred.settleDebits - one.settleDebits) / 99);
+  // prepaid balances vs per-query deposits, QUESTIONS (100) questions in one epoch
+  const q = QUESTIONS;
+  const [p1, p2, p3] = PAYERS; // 1, 10, 100
+  const one = await perQuestionGas(q, p1);
+  const ten = await perQuestionGas(q, p2);
+  const hundred = await perQuestionGas(q, p3);
+  m[`per_query_question_gas_${q}`] = one.perQuery;
+  m[`per_query_question_no_refund_gas_${q}`] = one.perQueryNoRefund;
+  m[`prepaid_question_gas_${q}_${p1}_payer`] = one.prepaid;
+  m[`prepaid_question_gas_${q}_${p2}_payers`] = ten.prepaid;
+  m[`prepaid_question_gas_${q}_${p2}_payers_staying`] = ten.prepaidNoWithdrawal;
+  m[`prepaid_question_gas_${q}_${p3}_payers`] = hundred.prepaid;
+  m[`settle_${q}_queries_4_signers_gas`] = one.settleQueries;
+  m[`settle_${p1}_payer_4_signers_gas`] = one.settleDebits;
+  m[`settle_${p2}_payers_4_signers_gas`] = ten.settleDebits;
+  m[`settle_${p3}_payers_4_signers_gas`] = hundred.settleDebits;
+  m.debit_marginal_gas = Math.round((hundred.settleDebits - one.settleDebits) / (p3 - p1));
   m.deposit_balance_gas = one.depositBalance;
   m.request_and_withdraw_balance_gas = one.withdrawal;
-  m.ratio_prepaid_vs_per_query_100_1_payer = Number((one.prepaid / one.perQuery).toFixed(4));
-  m.settle_10_payers_2_gateways_4_signers_gas = await twoGatewaySettleGas(10);
+  m[`ratio_prepaid_vs_per_query_${q}_${p1}_payer`] = Number((one.prepaid / one.perQuery).toFixed(4));
+  const g = TWO_GATEWAY_PAYERS;
+  m[`settle_${g}_payers_2_gateways_4_signers_gas`] = await twoGatewaySettleGas(g);
 
   const result = {
     bench: "gas",
@@ -220,7 +231,9 @@ async function main() {
       hardfork: hre.config.networks.hardhat.hardfork,
       settle_queries: 1,
       claim_tree_leaves: 16,
-      prepaid_questions_per_epoch: 100,
+      prepaid_questions_per_epoch: QUESTIONS,
+      prepaid_payers: PAYERS,
+      quick: QUICK,
       prepaid_notes: "per question = all users' and relayer's gas of an epoch of 100 paid questions / 100 (operators' claims excluded, the same either way). per_query: 100 deposits + the root listing 100 queries + 100 refunds of the unused remainders (no_refund: without them). prepaid: N payers each deposit once, ask 100/N questions by voucher (no gas), the root debits each payer once, then each payer requests and completes its withdrawal (the worst case: it leaves after one epoch); _staying: without the withdrawal",
       notes: "fresh deployment, first touch of each storage slot (stake_gas is the first stake ever, stake_typical_gas the next node's; deposit_new_model_gas the first deposit naming a model, deposit_gas the next one for that model, each binding a gateway); settle_10_payers_2_gateways = one posting debiting 20 (payer, gateway) balances; slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation, each after its commit_challenge_gas transaction; record_work_gas = recordCommitment; verdict_top_up = a larger verdict on slashed evidence",
     },

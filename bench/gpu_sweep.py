@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="decode steps (64; tiny 8)")
     parser.add_argument("--prompt-tokens", type=int, default=None, help="(128; tiny 16)")
     parser.add_argument("--repeats", type=int, default=3)
-    quick = {"tiny": True, "sessions": 4, "new_tokens": 4, "prompt_tokens": 8, "repeats": 1}
+    quick = {"tiny": True, "sessions": 2, "new_tokens": 2, "prompt_tokens": 4, "repeats": 1}
     args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
             bf16_bytes = size
         else:
             metrics[f"ratio_shard_bytes_{quant}_vs_bf16"] = round(size / bf16_bytes, 4)
-        decode_monolithic(model, prompts[0][:8], 2, device)  # warm-up
-        decode_pipeline(model, shards, prompts[:2], 2, device)
+        if not args.quick:  # warm-up (a smoke run proves the code path, not the figure)
+            decode_monolithic(model, prompts[0][:8], 2, device)
+            decode_pipeline(model, shards, prompts[:2], 2, device)
         mono, pipe, many = [], [], []
         for repeat in range(args.repeats):
             mono.append(decode_monolithic(model, prompts[0], steps, device))

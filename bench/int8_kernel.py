@@ -1,7 +1,8 @@
 """int8 kernel benchmark: is torch's packed int8 kernel verifiable? One JSON object on stdout.
 
     .venv/bin/python bench/int8_kernel.py            # 6 windows x 32 sampled tokens, 12 prompts
-    .venv/bin/python bench/int8_kernel.py --quick    # 2 windows x 4 sampled (4 decoded), 1 prompt
+    .venv/bin/python bench/int8_kernel.py --quick    # 2 windows x 4 sampled (4 decoded), 1 prompt,
+                                                     # 2 batched steps
 
 SmolLM2-135M int8, 3 shards in process. The kernel (`Int8Linear`: `torch._weight_int8pack_mm` on
 bf16 activations) is what an int8 node runs on CPU by default and what the verifiers' reference
@@ -287,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics.update(fingerprints(nodes, reference, head, challenges[0]))
     for name, shards in (("kernel", kernel), ("fp32", fp32)):
         # 1 when every batched step equals its sessions' steps alone, bit for bit
-        metrics[f"batched_bitwise_{name}"] = int(batched(shards, head.embed([1]).shape[-1], 4))
+        steps = 2 if args.quick else 4
+        metrics[f"batched_bitwise_{name}"] = int(batched(shards, head.embed([1]).shape[-1], steps))
     metrics.update(
         sampled(
             kernel,

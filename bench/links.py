@@ -241,8 +241,8 @@ def _start(
     the ports of the counting relays (TLS nodes' first, then the plaintext nodes'), which every
     node may forward to as well. `quick` takes the cached prepared shards without hashing them
     first (each node checks its own shard file's hash when it starts)."""
-    from harness.gateway_net import prepared_manifest
     from harness.ports import ephemeral_port
+    from harness.shard_cache import prepared_manifest
     from node.keys import PASSWORD_ENV, create_node_key
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node

@@ -12,7 +12,8 @@ Per message size (a control message, one decode step's frame, a 1,000-byte promp
   (the issue's target: ≤ 1.2 for what the overlay carries, which needs tokens batched into
   messages of a few hundred bytes: a clove's fixed part is its header, n digests and a key share).
 
-With `--latencies` (the full run: 0,20,50; `--quick`: 0 only, 4 tokens, one answer each way),
+With `--latencies` (the full run: 0,20,50; `--quick`: 0 only, 4 tokens, one answer each way,
+paths of 2 relays, no warm-up answers),
 the network part: a 2-node fp32 SmolLM2 circuit and n × l `planet relay serve` processes on
 loopback, every node and relay behind an asyncio proxy that delays each direction of every
 link by the latency (bench/wan.py's `RelayLinks`), and per latency, interleaved, a greedy
@@ -184,8 +185,9 @@ def network(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
             route = OverlayRoute(tuple(proxied), args.n, args.k, args.length)
             ways = (("direct", None, False), ("overlay", route, False), ("ring", route, True))
             links.set_latency(0)
-            for _, via, ring in ways:  # not timed: the nodes' first question, the head's load
-                asyncio.run(_generate(head, hops, hidden, 2, via, links, ring))
+            if args.warm_up:  # not timed: the nodes' first question, the head's load
+                for _, via, ring in ways:
+                    asyncio.run(_generate(head, hops, hidden, 2, via, links, ring))
             for latency in args.latencies:
                 links.set_latency(latency)
                 runs: dict[str, list[dict]] = {name: [] for name, _, _ in ways}
@@ -253,7 +255,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens per answer")
     parser.add_argument("--net-repeats", type=int, default=2, help="answers per way and latency")
-    quick = {"repeats": 3, "inner": 20, "latencies": [0], "new_tokens": 4, "net_repeats": 1}
+    parser.add_argument(
+        "--no-warm-up", dest="warm_up", action="store_false", help="no untimed first answers"
+    )
+    # a smoke run proves the code path, not the figure: paths of 2 relays (relay to relay and
+    # relay to node), one repeat, no warm-up
+    quick = {
+        "repeats": 1,
+        "inner": 5,
+        "length": 2,
+        "latencies": [0],
+        "new_tokens": 4,
+        "net_repeats": 1,
+        "warm_up": False,
+    }
     args = parse_with_quick(parser, quick, argv)
     metrics: dict[str, float] = {}
     for name, size in SIZES.items():

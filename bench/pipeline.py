@@ -244,7 +244,7 @@ def circuit_ports(parts_list: list[int], quick: bool = False) -> dict[int, list[
 def prepared(parts: int, quant: str, quick: bool) -> Path:
     """The prepared shards' manifest; --quick takes the cached one without hashing every shard
     first (each node still checks its own shard file's hash when it starts)."""
-    from harness.gateway_net import prepared_manifest
+    from harness.shard_cache import prepared_manifest
     from node.model.prepare import prepare
 
     if quick:

@@ -103,7 +103,7 @@ def measure_timing(quant: str, new_tokens: int, repeats: int, hop_s: float) -> T
     logits), medians over `repeats` greedy decodes of `new_tokens` tokens at 1 torch thread."""
     import torch
 
-    from harness.gateway_net import prepared_manifest
+    from harness.shard_cache import prepared_manifest
     from node.model.head import ClientHead
     from node.model.shard import ShardModel
 

@@ -64,7 +64,7 @@ class Circuit:
     """The 3 shards in process, each with the node's prefix cache."""
 
     def __init__(self) -> None:
-        from harness.gateway_net import prepared_manifest
+        from harness.shard_cache import prepared_manifest
         from node.model.head import ClientHead
         from node.model.manifest import Manifest
         from node.server.backend import ModelShardBackend

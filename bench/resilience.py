@@ -50,8 +50,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, parse_with_quick
-from harness.gateway_net import prepared_manifest
 from harness.replica_net import ReplicaNet, chunked_model
+from harness.shard_cache import prepared_manifest
 from node.client.costs import CostBook
 from node.client.failover import FailoverPolicy
 from node.model.fetch import fetch_shard

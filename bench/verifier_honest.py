@@ -54,7 +54,7 @@ def run_pool(
     verifier_args: tuple[str, ...] = (),
     poll_s: float = 1.0,
 ) -> dict[str, Any]:
-    from harness.gateway_net import prepared_manifest
+    from harness.shard_cache import prepared_manifest
     from harness.verifier_net import VerifierNet
 
     manifest = prepared_manifest(parts=2, quant=quant)

@@ -232,8 +232,8 @@ def circuit(
     links).
     `quick` takes the cached prepared shards without hashing them first (each node checks its
     own shard file's hash when it starts)."""
-    from harness.gateway_net import prepared_manifest
     from harness.ports import ephemeral_port
+    from harness.shard_cache import prepared_manifest
     from node.client.types import Hop
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node, wait_healthy

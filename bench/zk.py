@@ -108,7 +108,7 @@ def main() -> int:
     from protocol.zkticket import tensor_hash
 
     if args.quick:  # the cached shards, not hashed first (load_op checks shard 1's file)
-        from harness.gateway_net import prepared_manifest
+        from harness.shard_cache import prepared_manifest
 
         manifest = prepared_manifest(parts=3, quant="none")
     else:

@@ -51,7 +51,6 @@ def relay_start_cpu_s(run_dir: Path) -> tuple[float, str]:
     how it was started)."""
     import subprocess
 
-    from harness.gateway_net import terminate
     from harness.ports import ephemeral_port
     from node.procs import spawn_piped
 
@@ -67,7 +66,12 @@ def relay_start_cpu_s(run_dir: Path) -> tuple[float, str]:
         used = cpu_s(relay.pid)
         return used, "popen" if isinstance(relay, subprocess.Popen) else "zygote"
     finally:
-        terminate(relay)
+        relay.terminate()  # SIGTERM, then SIGKILL if it outstays 10 s
+        try:
+            relay.wait(10)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait(10)
         if relay.stdout is not None:
             relay.stdout.close()
 
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.pop("PLANET_ZYGOTE", None)
-    from harness.gateway_net import prepared_manifest
+    from harness.shard_cache import prepared_manifest
     from harness.zygote import ping, running
 
     manifest = prepared_manifest(parts=2, quant="int8")

@@ -2,7 +2,8 @@
 `.venv/bin/python bench/NAME.py --quick` (tiny sizes, one repeat, no extra arguments), as its own
 process from the repository root with no PYTHONPATH, exits 0 and prints exactly one JSON object of
 the BENCHMARKS.md shape (`bench`, `machine`, `config`, `metrics`) on stdout, every metric a finite
-number, a list of them (a spread) or null (NOT_FLAT_YET aside). And `npx hardhat run bench/gas.js`.
+number, a list of them (a spread) or null (NOT_FLAT_YET aside). And `npx hardhat run bench/gas.js`
+with PLANET_BENCH_QUICK=1 (its smoke run: `hardhat run` passes no arguments).
 
 Benches share the prepared SmolLM2 shards in $PLANET_HOME/models (prepared on first use, as the
 benches themselves do). Those that start whole networks (CometBFT validators, anvil, node
@@ -34,7 +35,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "codec": (),
     "credits": (),
     "credit_wallet": (),  # real files and fsyncs, ~1 s
-    "decode": (SLOW,),  # loads 5 × 3 SmolLM2 shards in process, no ports
+    "decode": (SLOW,),  # 6 × 3 SmolLM2 shards (fp32, int8; 4 paths) in process, 1 thread, no ports
     "committee": (SLOW,),
     "concurrency": (SLOW, E2E_LANE),
     "epoch": (),
@@ -44,7 +45,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "hop_probe_cost": (),  # 2 SmolLM2 int8 shards in process, no ports, ~5 s
     "int8_kernel": (SLOW,),  # 5 SmolLM2 shard sets (3 quants) in process, no ports (~14 CPU-s)
     "links": (SLOW,),
-    "overlay": (SLOW,),  # cloves in process; 2 node and 12 relay processes at 0 ms, ~12 s
+    "overlay": (SLOW,),  # cloves in process; 2 node and 8 relay processes at 0 ms, ~12 s
     "paid_circuit": (),  # two tiny in-process nodes
     "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
     "placement": (),  # in process: the placement and rebalancing rules, no torch, < 1 s
@@ -59,7 +60,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "start_cpu": (),  # 3 fresh interpreters importing web3, ~3 CPU-s
     "threshold_credits": (),  # in process, no ports
     "verification": (),  # in process, no ports: in the shorter lane
-    "verifier_honest": (SLOW,),  # in process, no ports: evens the lanes
+    "verifier_honest": (SLOW,),  # a verifier network (harness/verifier_net.py): evens the lanes
     "wan": (SLOW,),  # 3 node processes behind delaying proxies, 0 and 20 ms links
     "wire_dtype": (SLOW,),  # 3 SmolLM2 shards in process, no ports, ~10 s
     "zk": (SLOW, E2E_LANE),
@@ -109,7 +110,7 @@ def test_bench_gas_js_under_hardhat_prints_one_benchmark_object() -> None:
     completed = subprocess.run(
         [npx, "hardhat", "run", "bench/gas.js"],
         cwd=ROOT,
-        env=bench_env(),
+        env={**bench_env(), "PLANET_BENCH_QUICK": "1"},  # its --quick (`hardhat run` takes none)
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
