@@ -59,7 +59,7 @@ class ValidatorChange:
         if not isinstance(body, dict):
             raise TxDecodeError("body: expected an object")
         action = body.get("action")
-        if action not in _KEYS:
+        if not isinstance(action, str) or action not in _KEYS:  # a dict or list is unhashable
             raise TxDecodeError("body.action: expected add, power or remove")
         b = check.exact_object(body, "body", _KEYS[action])
         pub_key = check.text(b["pub_key"], "body.pub_key", HEX64)

@@ -360,6 +360,9 @@ def test_join_then_leave_deals_the_next_period_to_the_new_set_and_old_credits_re
         {"action": "remove", "pub_key": "ab" * 31},
         {"action": "power", "pub_key": "ab" * 32, "power": True},
         ["remove", "ab" * 32],
+        # unhashable actions: the fuzzer's seed 674294 crashed PrepareProposal with TypeError
+        {"action": {"mint": "a"}, "pub_key": "ab" * 32},
+        {"action": ["add"], "pub_key": "ab" * 32, "power": 1},
     ],
 )
 def test_a_malformed_change_never_decodes(body: object) -> None:
