@@ -15,13 +15,6 @@ step() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS" >&2; }
 # compiled. The caches are gitignored.
 unset PYTHONDONTWRITEBYTECODE
 python -m compileall -q planet protocol shares abci_app node deploy harness bench
-# pytest's own caches of the test modules (their asserts rewritten), written once here beside
-# the lint and the contracts' compile: each lane collects every test, and four lanes collecting
-# a clean clone at once rewrote every module four times. Measured on a clean clone (2-core box):
-# a collection 27.4 CPU-s without the caches, 7.8 with them (4 lanes: ~110 -> ~58 CPU-s).
-collect_log=$(mktemp "${TMPDIR:-/tmp}/planet-collect.XXXXXX")
-pytest --collect-only -q tests >"$collect_log" 2>&1 &
-collect_pid=$!
 
 step "lint: ruff + import boundaries"
 ruff check .
@@ -54,8 +47,6 @@ contracts_result() { # the Hardhat tests' and slither's output; fails when eithe
 
 step "python: unit, integration and e2e tests"
 if [ "$#" -gt 0 ]; then
-  kill "$collect_pid" 2>/dev/null || true
-  rm -f "$collect_log"
   rc=0
   pytest tests --durations=30 "$@" || rc=$?
   contracts_result || rc=1
@@ -74,9 +65,6 @@ fi
 # lane finishes, and the run fails if any does. The shared model cache is filled first, so the
 # lanes never prepare the same shard set at once.
 python -m harness.warm_models
-# the collection above: a test module that fails to import fails here, before the lanes
-if ! wait "$collect_pid"; then cat "$collect_log" >&2; rm -f "$collect_log"; exit 1; fi
-rm -f "$collect_log"
 step "lanes start"
 # One intra-op thread per torch process in the lanes (every process a test starts inherits it;
 # `planet node serve` already defaults to half the cores, 1 here): the two lanes keep both cores
