@@ -47,8 +47,28 @@ contracts_result() { # the Hardhat tests' and slither's output; fails when eithe
 
 step "python: unit, integration and e2e tests"
 if [ "$#" -gt 0 ]; then
+  # pytest in a process group of its own (job control on: a background job of a script otherwise
+  # ignores SIGINT), so that a TERM (`timeout`, which signals its whole group; a CI cancel)
+  # reaches this shell, which passes it on as an interrupt: pytest then tears its fixtures down
+  # (the devnets' processes run in sessions of their own and outlived a pytest killed outright).
+  set -m
+  pytest tests --durations=30 "$@" &
+  set +m
+  pytest_pid=$!
+  interrupted=0
+  trap 'interrupted=1; kill -INT "$pytest_pid" 2>/dev/null' INT TERM
   rc=0
-  pytest tests --durations=30 "$@" || rc=$?
+  wait "$pytest_pid" || rc=$?
+  # a trapped signal ends `wait` early: wait again for pytest's own exit
+  while kill -0 "$pytest_pid" 2>/dev/null; do
+    rc=0
+    wait "$pytest_pid" || rc=$?
+  done
+  trap - INT TERM
+  if [ "$interrupted" = 1 ]; then
+    step "interrupted: pytest exit $rc, its fixtures torn down; the Hardhat tests and slither stopped"
+    kill 0 # this shell's process group: the contracts' job and this shell
+  fi
   contracts_result || rc=1
   exit "$rc"
 fi
