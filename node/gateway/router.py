@@ -736,7 +736,8 @@ class Router:
     async def read_info(self, node: RoutableNode, ssl: Any) -> Any:
         """`node`'s /info through the router's reader, at its endpoint and then at its other
         relays' addresses (node.dial `first_reachable`), each within the reader's timeout (what
-        a node with one address gets); InfoUnavailable (the endpoint's) when none answers.
+        a node with one address gets); InfoUnavailable (the endpoint's) when none answers, in
+        time or at all.
         `ssl`: the endpoint's pin (an https:// node's key pin holds at every address:
         `alternates_of` keeps https only)."""
         timeout_s = self.info.timeout_s
@@ -744,14 +745,21 @@ class Router:
         async def read(url: str) -> Any:
             return await self.info.info(url, node.key, ssl, timeout_s)
 
-        _, info = await first_reachable(
-            node.addresses,
-            read,
-            total_s=timeout_s * len(node.addresses),
-            each_s=timeout_s,
-            what=f"node {node.key[:16]}… /info",
-            errors=(InfoUnavailable, TimeoutError),
-        )
+        try:
+            _, info = await first_reachable(
+                node.addresses,
+                read,
+                total_s=timeout_s * len(node.addresses),
+                each_s=timeout_s,
+                what=f"node {node.key[:16]}… /info",
+                errors=(InfoUnavailable, TimeoutError),
+            )
+        except TimeoutError as error:
+            # the dial's bound ran out before the reader's own (a node that takes the
+            # connection and never answers: frozen, or a stranger's tarpit): unavailable as
+            # any other. Escaping as TimeoutError, it ended the question it was verified for
+            # (aiohttp's 504, no traceback) where the caller would have tried another node.
+            raise InfoUnavailable(f"no answer within {timeout_s:g} s") from error
         return info
 
     async def healthy(self, node: RoutableNode, timeout_s: float) -> bool:

@@ -148,7 +148,7 @@ def test_a_stranger_s_malformed_move_shards_is_refused_by_name_and_the_chain_goe
     key = register(chain, "stranger", shards=(0,))
     make_routable(chain, key)
     raw = chain.tx(MoveShards((1,), "http://x"), key)
-    bad = raw.replace(b'"shards":[1]', b'"shards":["\u0661"]')
+    bad = raw.replace(b'"shards":[1]', rb'"shards":["\u0661"]')
     assert bad != raw
     assert chain.machine.check_tx(bad).code == Code.MALFORMED_TX
     assert _move(chain, key, (2,)) == Code.OK

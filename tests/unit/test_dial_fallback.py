@@ -22,7 +22,13 @@ from node.client.info import node_info
 from node.client.types import Hop
 from node.dial import first_reachable
 from node.gateway.node_info import InfoUnavailable
-from node.gateway.router import RoutableNode, Router, alternates_of, routable_by_shard
+from node.gateway.router import (
+    Circuit,
+    RoutableNode,
+    Router,
+    alternates_of,
+    routable_by_shard,
+)
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.server.backend import ModelShardBackend
@@ -212,6 +218,51 @@ async def test_a_node_behind_nat_gets_at_its_first_address_the_time_one_address_
     assert await router.healthy(node, 0.4)
     assert (await router.read_info(node, True))["shard"] == 0
     assert reader.asked == [first, first]  # answered at the first: the next never asked
+
+
+class Frozen(Reader):
+    """A reader whose node at `frozen` takes the connection and never answers (SIGSTOPped)."""
+
+    timeout_s = 0.2
+
+    def __init__(self, live: str, frozen: str) -> None:
+        super().__init__(live)
+        self.frozen = frozen
+
+    async def info(self, url: str, key: str, ssl: Any, timeout_s: float) -> Any:
+        if url == self.frozen:
+            self.asked.append(url)
+            await asyncio.Event().wait()  # until the caller's bound cancels it
+        return await super().info(url, key, ssl, timeout_s)
+
+
+async def test_a_node_that_never_answers_its_info_is_unavailable_and_the_route_goes_on() -> None:
+    """A replica frozen mid-failover (test_gateway_payments_network's hang-up test, flaky under
+    load): the dial's bound ran out first and its TimeoutError escaped the router's /info read,
+    so the replacement's verification ended the question with aiohttp's 504. Now the frozen
+    node is unavailable like any other: cooled, and the failed hop tried again."""
+    live, frozen = "https://93.184.216.1:9200", "https://93.184.216.2:9200"
+    reader = Frozen(live, frozen)
+    router = _router(reader)
+    stuck = RoutableNode("cd" * 32, frozen, 0)
+    with pytest.raises(InfoUnavailable):
+        await router.read_info(stuck, True)
+
+    class Source:
+        async def compute_nodes(self) -> list[dict[str, Any]]:
+            return [
+                {"key": KEY, "endpoint": live, "shards": [0], "routable": True},
+                {"key": "cd" * 32, "endpoint": frozen, "shards": [0], "routable": True},
+            ]
+
+    router.source = Source()  # type: ignore[assignment]
+    router.public_only = False
+    router.refresh_s = 0
+    failed = Circuit((RoutableNode(KEY, live, 0),))
+    replaced = await router.replace(failed, [0])  # its shard's other node is the frozen one
+    assert frozen in reader.asked  # verified, found unavailable
+    assert replaced.keys == (KEY,)  # the failed hop's node again, after the caller's backoff
+    assert router._cooling(stuck)
 
 
 # -- over loopback: two relays front the first node; the first goes down ------------------------
