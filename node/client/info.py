@@ -57,13 +57,20 @@ async def node_info(
     relay gave the port to another), within INFO_FALLBACK_S."""
     if not hop.alternates:
         return await _node_info_at(http, hop, hop.url, plaintext_links)
-    _, info = await first_reachable(
-        hop.addresses,
-        lambda url: _node_info_at(http, hop, url, plaintext_links),
-        total_s=INFO_FALLBACK_S,
-        what=f"node {hop.url} (shard {hop.shard}) /info",
-        errors=(UnavailableError, NodeKeyMismatchError, TimeoutError),
-    )
+    try:
+        _, info = await first_reachable(
+            hop.addresses,
+            lambda url: _node_info_at(http, hop, url, plaintext_links),
+            total_s=INFO_FALLBACK_S,
+            what=f"node {hop.url} (shard {hop.shard}) /info",
+            errors=(UnavailableError, NodeKeyMismatchError, TimeoutError),
+        )
+    except TimeoutError:  # every address took the connection and never answered in its share
+        raise UnavailableError(
+            f"node {hop.url} (shard {hop.shard}) is not reachable: no /info answer at any of "
+            f"its {len(hop.addresses)} addresses within {INFO_FALLBACK_S:g} s",
+            hint="check `planet local status`, or start nodes with `planet local up`",
+        ) from None
     return info
 
 

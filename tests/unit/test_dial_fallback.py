@@ -265,6 +265,33 @@ async def test_a_node_that_never_answers_its_info_is_unavailable_and_the_route_g
     assert router._cooling(stuck)
 
 
+async def test_node_info_at_addresses_that_never_answer_is_a_named_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A NAT node's every address takes the connection and says nothing: `node_info` names it
+    unavailable (its contract), where the dial's TimeoutError escaped to `planet ask`."""
+    import node.client.info as info_module
+
+    monkeypatch.setattr(info_module, "INFO_FALLBACK_S", 0.4)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered
+
+    servers = [await asyncio.start_server(silent, "127.0.0.1", 0) for _ in range(2)]
+    urls = [f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(UnavailableError, match="no /info answer"):
+                await node_info(http, Hop(urls[0], 0, alternates=(urls[1],)), plaintext_links=True)
+    finally:
+        for writer in held:
+            writer.close()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
+
+
 # -- over loopback: two relays front the first node; the first goes down ------------------------
 
 
