@@ -3,14 +3,14 @@
 #   .venv/            Python 3.11 virtualenv with the project installed editable (+ dev tools)
 #   node_modules/     Hardhat, solc-js, OpenZeppelin, anvil (npm lockfile)
 #   .tools/ezkl-venv/ ezkl 23.0.5 + onnx for ZK tickets (circuits and keys cache in ~/.cache/planet/zk/)
-#   .tools/uv-venv/   uv, which installs the Python packages from its cache (~/.cache/uv)
+#   .tools/bin/uv     uv, which makes the virtualenvs and installs the Python packages from its cache (~/.cache/uv)
 #   .tools/bin/       cometbft v0.38.25 + a 1 ms ABCI flush timer (built from the module sources; Go fetched if missing/too old)
 #   /usr/bin/chromium Debian's Chromium (as root), for the web dApp's browser tests
 #   dapp/dist/        the web dApp bundle (npm run build:dapp)
 # Each step keeps a stamp of its inputs and is skipped when they did not change. The steps that
 # need nothing from each other run side by side, as five jobs (the project's .venv, slither's,
 # ezkl's, npm and the dApp, the Go builds): one after the other they took 53 s for a clean clone with warm caches on a quiet
-# 2-core machine. The Go builds are also kept in ~/.cache/planet/tools under their build's name,
+# 2-core machine. The Go builds and uv are also kept in ~/.cache/planet/tools under their build's name,
 # so a clean clone copies them instead of compiling and linking them again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,19 +69,22 @@ fi
 # links them into a new virtualenv, where pip (whose downloads are not cached here) fetched and
 # unpacked the ~5 GB of torch and its CUDA libraries again for every clean clone. Measured on a
 # 2-core machine, a clean clone's .venv: pip 213 s; uv 105 s with an empty cache, 33 s with a
-# warm one. uv itself is one small wheel, installed with pip into its own virtualenv.
+# warm one. uv itself is one static binary from one small wheel, installed with pip into a
+# virtualenv of its own once per machine and kept with the Go builds (below): for a clean clone
+# that virtualenv and pip's fetch were 12 s of a quiet 2-core machine before any other Python job.
 UV_PIN="uv==0.13.9"
-UV=$TOOLS/uv-venv/bin/uv
-# venv_install VENV ARGS...: `pip install ARGS` into VENV, by uv (the venvs keep their own pip for
-# whoever adds a package by hand, e.g. bench extras).
+UV=$TOOLS/bin/uv
+# venv_install VENV ARGS...: `pip install ARGS` into VENV, by uv. uv makes the venv too, seeded
+# with pip for whoever adds a package by hand (e.g. bench extras): `python -m venv`'s ensurepip
+# took ~6 s of each of the three.
 venv_install() {
   local venv=$1
   shift
-  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  [ -x "$venv/bin/python" ] || "$UV" venv -q --seed --python "$PY" "$venv"
   "$UV" pip install -q --python "$venv/bin/python" "$@"
 }
 
-# reuse_build NAME KEY: copy a Go build kept under KEY into .tools/bin/NAME (false when none is kept);
+# reuse_build NAME KEY: copy a build (Go's, uv) kept under KEY into .tools/bin/NAME (false when none is kept);
 # keep_build NAME KEY: keep .tools/bin/NAME under KEY for the next clone.
 BUILDS=${XDG_CACHE_HOME:-$HOME/.cache}/planet/tools
 reuse_build() {
@@ -247,9 +250,15 @@ for job in npm go; do
   pids[$job]=$!
 done
 if [ ! -x "$UV" ] || [ "$(cat "$TOOLS/stamps/uv" 2>/dev/null)" != "$UV_PIN" ]; then
-  say "uv: installing $UV_PIN into .tools/uv-venv (the Python package installer)"
-  [ -x "$TOOLS/uv-venv/bin/python" ] || "$PY" -m venv "$TOOLS/uv-venv"
-  "$TOOLS/uv-venv/bin/pip" install -q "$UV_PIN"
+  if reuse_build uv "${UV_PIN/==/-}"; then
+    say "uv: ${UV_PIN#uv==} copied from $BUILDS"
+  else
+    say "uv: installing $UV_PIN (the Python package installer) into .tools/bin"
+    [ -x "$TOOLS/uv-venv/bin/python" ] || "$PY" -m venv "$TOOLS/uv-venv"
+    "$TOOLS/uv-venv/bin/pip" install -q "$UV_PIN"
+    cp "$TOOLS/uv-venv/bin/uv" "$TOOLS/bin/uv.tmp" && mv "$TOOLS/bin/uv.tmp" "$UV"
+    keep_build uv "${UV_PIN/==/-}"
+  fi
   echo "$UV_PIN" > "$TOOLS/stamps/uv"
 fi
 
