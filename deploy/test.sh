@@ -20,33 +20,55 @@ step "lint: ruff + import boundaries"
 ruff check .
 lint-imports --no-cache
 
-step "contracts: compile (offline solc-js, fails on a solc mismatch)"
-npx hardhat compile
-# Stale build-info files from earlier partial compiles would make slither analyse old code too.
-if [ "$(find artifacts/build-info -name '*.json' | wc -l)" -gt 1 ]; then npx hardhat compile --force; fi
-# The Hardhat tests and slither need only the compiled contracts, so they run beside the Python
-# tests (~20 s of one core, mostly while the lanes wait on blocks and links); their output comes
-# after the lanes' results. slither.config.json filters node_modules and contracts/test; accepted
-# lows are justified in the contracts' comments. Any medium or high finding fails the run.
-contracts_log=$(mktemp "${TMPDIR:-/tmp}/planet-contracts.XXXXXX")
+# The contracts compile (offline solc-js, fails on a solc mismatch; ~11 s of one core) in the
+# background while the model cache is checked and the lanes collect their tests: a lane starts
+# its first test once they are compiled (the devnets deploy them: harness/lanes.py
+# PLANET_LANE_AFTER); run in turn they held the lanes back ~12 s with a core idle. Then, in the
+# same job, the Hardhat tests and slither, which need only the compiled contracts, beside the
+# Python tests (~20 s of one core, mostly while the lanes wait on blocks and links); their output
+# comes after the lanes' results. slither.config.json filters node_modules and contracts/test;
+# accepted lows are justified in the contracts' comments. Any medium or high finding fails the run.
+step "contracts: compile, then the Hardhat tests and slither, beside the Python tests"
+contracts=$(mktemp -d "${TMPDIR:-/tmp}/planet-contracts.XXXXXX")
 (
+  if ! {
+    npx hardhat compile &&
+      # stale build-info files from earlier partial compiles would make slither analyse old code too
+      { [ "$(find artifacts/build-info -name '*.json' | wc -l)" -le 1 ] || npx hardhat compile --force; }
+  } >"$contracts/compile.log" 2>&1; then
+    echo "the contracts did not compile (npx hardhat compile: its output ends this run's log)" >"$contracts/compiled.failed"
+    exit 1
+  fi
+  touch "$contracts/compiled.ready"
   rc=0
   npx hardhat test || rc=1
   .tools/slither-venv/bin/slither . --hardhat-ignore-compile --fail-medium || rc=1
   exit "$rc"
-) >"$contracts_log" 2>&1 &
+) >"$contracts/log" 2>&1 &
 contracts_pid=$!
-contracts_result() { # the Hardhat tests' and slither's output; fails when either failed
+compiled() { # waits for the contracts' compile: false when it failed
+  while [ ! -e "$contracts/compiled.ready" ] && [ ! -e "$contracts/compiled.failed" ]; do
+    kill -0 "$contracts_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  [ -e "$contracts/compiled.ready" ]
+}
+contracts_result() { # the compile's, the Hardhat tests' and slither's output; fails when one failed
   local rc=0
   wait "$contracts_pid" || rc=$?
-  step "contracts: Hardhat tests and slither, run beside the Python tests (exit $rc)"
-  cat "$contracts_log" >&2
-  rm -f "$contracts_log"
+  if [ -e "$contracts/compiled.ready" ]; then
+    step "contracts: Hardhat tests and slither, run beside the Python tests (exit $rc)"
+  else
+    step "contracts: the compile failed (exit $rc)"
+  fi
+  cat "$contracts/compile.log" "$contracts/log" >&2
+  rm -rf "$contracts"
   return "$rc"
 }
 
 step "python: unit, integration and e2e tests"
 if [ "$#" -gt 0 ]; then
+  compiled || { contracts_result || true; exit 1; }
   # pytest in a process group of its own (job control on: a background job of a script otherwise
   # ignores SIGINT), so that a TERM (`timeout`, which signals its whole group; a CI cancel)
   # reaches this shell, which passes it on as an interrupt: pytest then tears its fixtures down
@@ -136,10 +158,12 @@ if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
     names+=("lane$i")
     # inside the namespace /sys has no cgroups: the meter reaches them through this shell's root
     lane "lane$i" ip netns exec "$ns" env PLANET_LANE="$i/$count" PLANET_LANE_GATE="$lanes" \
-      PLANET_CPU_CGROUP="/proc/$$/root/sys/fs/cgroup/cpuacct" pytest tests -p harness.lanes &
+      PLANET_CPU_CGROUP="/proc/$$/root/sys/fs/cgroup/cpuacct" \
+      PLANET_LANE_AFTER="$contracts/compiled" pytest tests -p harness.lanes &
     lane_pids+=($!)
   done
 else
+  compiled || { contracts_result || true; exit 1; }
   names=(e2e rest)
   PLANET_TEST_PORTS=10000-13999 lane e2e pytest tests -m "e2e or e2e_lane" &
   lane_pids+=($!)

@@ -26,6 +26,10 @@ weight from one budget shared by the lanes (`DIR/gate.json`) before their first 
 back after their last. A lane takes the longest unit that fits the budget now, and waits (and
 says how long at the end) only when no unit left fits.
 
+Prerequisite: with `PLANET_LANE_AFTER=PREFIX`, a lane collects its tests, then runs none until
+`PREFIX.ready` exists (deploy/test.sh compiles the contracts meanwhile: the devnets deploy
+them), and stops with the reason when `PREFIX.failed` does.
+
 CPU: as root, each unit runs in a cpuacct cgroup of its own (harness/cpu_meter.py), so the run
 ends with the CPU seconds of every unit, its servers and devnets included
 (`python -m harness.cpu_meter DIR`).
@@ -178,6 +182,7 @@ class _Lane:
     count: int = 1
     total: int = 0
     ran: int = 0
+    waited_after_s: float = 0.0  # for PLANET_LANE_AFTER's prerequisite, after collecting
     gate: Gate | None = None
     queue: Queue | None = None
     meter: CpuMeter | None = None
@@ -197,6 +202,9 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} errors during collection")
+    after = os.environ.get("PLANET_LANE_AFTER", "")
+    if after:
+        _LANE.waited_after_s = wait_for_prerequisite(Path(after))
     current = queue.take(_LANE.units, gate)
     while current is not None:
         if current.weight:
@@ -220,6 +228,21 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             gate.give_back()
         current = following
     return True
+
+
+def wait_for_prerequisite(prefix: Path, poll_s: float = 0.2, limit_s: float = 1800.0) -> float:
+    """Seconds waited until `PREFIX.ready` exists; `pytest.exit` (naming `PREFIX.failed`'s
+    text) when that exists instead, or after `limit_s`."""
+    started = time.monotonic()
+    ready, failed = Path(f"{prefix}.ready"), Path(f"{prefix}.failed")
+    while not ready.exists():
+        if failed.exists():
+            reason = failed.read_text(errors="replace").strip() or "no reason given"
+            pytest.exit(f"lane stopped before its first test: {failed.name}: {reason}", 3)
+        if time.monotonic() - started > limit_s:
+            pytest.exit(f"lane stopped before its first test: no {ready.name} in {limit_s:g} s", 3)
+        time.sleep(poll_s)
+    return time.monotonic() - started
 
 
 def queue_order(expected: dict[str, float]) -> list[str]:
@@ -257,6 +280,11 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
     if _LANE.gate is None:
         return
     terminalreporter.write_line(f"lane waited {_LANE.gate.waited_s:.0f} s for memory")
+    if os.environ.get("PLANET_LANE_AFTER"):
+        terminalreporter.write_line(
+            f"lane waited {_LANE.waited_after_s:.0f} s after collecting for "
+            f"{Path(os.environ['PLANET_LANE_AFTER']).name}.ready"
+        )
     # the line `check` sums: the lanes together must have run every collected test once
     line = f"lane {_LANE.index}/{_LANE.count}: {_LANE.ran} of {_LANE.total} tests"
     terminalreporter.write_line(line)

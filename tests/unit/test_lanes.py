@@ -273,6 +273,58 @@ def test_two_lane_processes_run_every_test_once_and_say_how_many(tmp_path: Path)
         assert sorted(metered) == [f"test_m{m}.py" for m in range(6)]
 
 
+def _lane(project: Path, gate: Path, after: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "harness.lanes", "-q", "-p", "no:cacheprovider"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PLANET_LANE": "0/1",
+             "PLANET_LANE_GATE": str(gate), "PLANET_LANE_AFTER": str(after)},
+    )  # fmt: skip
+
+
+def test_a_lane_runs_no_test_until_its_prerequisite_is_ready(tmp_path: Path) -> None:
+    """deploy/test.sh compiles the contracts while the lanes collect: a lane's first test
+    starts only once PREFIX.ready exists (the test writes what it saw)."""
+    project, gate = tmp_path / "project", tmp_path / f"{tmp_path.name}-gate"
+    project.mkdir()
+    gate.mkdir()
+    after = tmp_path / "compiled"
+    seen = tmp_path / "seen.txt"
+    ready = f"{after}.ready"
+    (project / "test_x.py").write_text(
+        f"import os\ndef test_x():\n"
+        f"    open({str(seen)!r}, 'w').write(str(os.path.exists({ready!r})))\n"
+    )
+    lane = _lane(project, gate, after)
+    try:
+        threading.Event().wait(3.0)  # collected by now, waiting
+        assert lane.poll() is None and not seen.exists()
+        Path(ready).touch()
+        output = lane.communicate(timeout=120)[0]
+    finally:
+        lane.kill()
+    assert lane.returncode == 0, output
+    assert seen.read_text() == "True"
+    assert re.search(r"lane waited [1-9]\d* s after collecting for compiled\.ready", output)
+
+
+def test_a_lane_whose_prerequisite_failed_stops_with_the_reason_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    project, gate = tmp_path / "project", tmp_path / f"{tmp_path.name}-gate"
+    project.mkdir()
+    gate.mkdir()
+    after = tmp_path / "compiled"
+    Path(f"{after}.failed").write_text("npx hardhat compile exited 1\n")
+    ran = tmp_path / "ran"
+    (project / "test_x.py").write_text(f"def test_x():\n    open({str(ran)!r}, 'w')\n")
+    lane = _lane(project, gate, after)
+    output = lane.communicate(timeout=120)[0]
+    assert lane.returncode == 3, output
+    assert "compiled.failed: npx hardhat compile exited 1" in output
+    assert not ran.exists()
+
+
 def test_a_lane_without_its_shared_folder_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     done = subprocess.run(
