@@ -7,12 +7,12 @@ The tests run in file order on one network (module fixture) and build on each ot
 2. signed txs (node registrations, batched commitments) committed and visible through queries;
    vote extensions are on (the block after the first epoch's end starts with the extended-commit
    tx; checked after the txs, by when the chain has passed that block);
-3. one validator killed (cometbft and app, SIGKILL) under load (until the survivors have
-   committed 4 more blocks, the dead one's turn to propose among them): blocks keep coming and
-   every tx that CheckTx accepted on a surviving node is in a block, with code 0 — or
-   BAD_NONCE when gossip brought one signer's consecutive txs to the proposer out of order
-   (refused, never applied; seen once in a CI run) — (a crashed node's own mempool is
-   volatile: load goes to the survivors);
+3. one validator killed (cometbft and app, SIGKILL) under load (6 accounts send commit batches
+   at every height until the survivors have committed 4 more blocks, the dead one's turn to
+   propose among them): blocks keep coming and every tx that CheckTx accepted on a surviving
+   node is in a block, with code 0 — or BAD_NONCE when gossip brought one signer's consecutive
+   txs to the proposer out of order (refused, never applied; seen once in a CI run) — (a
+   crashed node's own mempool is volatile: load goes to the survivors);
 4. a second validator killed: the chain halts (2 of 4 < 2/3) and the survivors agree on every
    block hash (no fork);
 5. `planet committee up` restarts both: they catch up and every app reports the same app hash
@@ -86,6 +86,7 @@ BASE_PORT = _free_base_port()
 VALIDATORS = 4
 EPOCH_LENGTH = 10  # epochs close (and vote extensions are injected) every ~4 s
 HOSTILE_TXS_PER_VALIDATOR = 250
+LOAD_BURST = 5  # commit batches each of the 6 accounts sends at every height under load
 
 
 def _planet_command() -> list[str]:
@@ -392,18 +393,24 @@ async def _attest_stake(directory: Path, nodes: list[str]) -> list[int]:
 async def _load(
     accounts: list[Account_], targets: list[int], stop: asyncio.Event, accepted: list[str]
 ) -> int:
-    """Each account sends commit batches, one at a time, to its target validator, until `stop`."""
+    """Each account sends LOAD_BURST commit batches, one at a time, to its target validator at
+    every new height it sees, until `stop`: a steady stream in every block (back to back, the
+    senders took whatever CPU the box had: 2,000-6,000 txs in 8 s, their cost and count set by
+    the machine's load)."""
     rejected = 0
 
     async def worker(account: Account_, target: int) -> None:
         nonlocal rejected
         async with CommitteeRpc(rpc_url(target), timeout_s=10) as rpc:
+            height = (await rpc.status()).latest_block_height
             while not stop.is_set():
-                answer = await rpc.broadcast_tx_sync(account.commit_batch(4), check=False)
-                if answer.code == 0:
-                    accepted.append(answer.hash)
-                else:
-                    rejected += 1
+                for _ in range(LOAD_BURST):
+                    answer = await rpc.broadcast_tx_sync(account.commit_batch(4), check=False)
+                    if answer.code == 0:
+                        accepted.append(answer.hash)
+                    else:
+                        rejected += 1
+                height = await rpc.wait_for_height(height + 1, timeout_s=60)
 
     await asyncio.gather(*(worker(a, targets[i % len(targets)]) for i, a in enumerate(accounts)))
     return rejected
