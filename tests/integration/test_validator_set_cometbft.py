@@ -4,12 +4,16 @@ The network is `planet committee init`'s (`deploy.committee.init_network`, 5 nod
 fifth node left out of genesis `validators`: it starts as a full node. Each validator does
 what its watcher would (a thread of its own, as each validator runs its own watcher; no EVM:
 every mint counts as covered): its key period DKG messages (`plan`), its partials (`MintSigner`)
-and `fund_mint`. A payer buys a credit of key period 0; the validators propose and approve (3 of
-4, 30 of 40 power) adding the fifth; at the epoch boundary CometBFT takes the update and the
-fifth validator signs blocks (its address in the blocks' commits). The first key period whose
-DKG is configured after the change (period 1 unless the change came late on a loaded machine)
-deals the five of them, and a mint of that period or later is signed with their shares. Then a
-staked compute node redeems the period-0 credit.
+and `fund_mint`. In the first blocks, while period 0's DKG among the four runs, the validators
+propose and approve (3 of 4, 30 of 40 power) adding the fifth; at the epoch boundary CometBFT
+takes the update and the fifth validator signs blocks (its address in the blocks' commits). A
+payer buys a credit of key period 0 (the four's key; the fifth holds no share of it). The first
+key period whose DKG is configured after the change (period 1 unless the change came late on a
+loaded machine) deals the five of them, and a mint of that period or later is signed with their
+shares. Then a staked compute node redeems the period-0 credit. The change goes first,
+overlapping period 0's DKG (blocks 2-31): the fifth joins by block ~21, period 1's receivers are
+recorded at block 40 and it starts at block 71 (made after the period-0 purchase, the change took
+effect at block ~51 and the test waited for block 101).
 Ports: 28100-28149; run under the devnet lock (`flock /tmp/planet-devnet.lock`).
 """
 
@@ -56,7 +60,7 @@ log = logging.getLogger(__name__)
 
 BASE_PORT = 28100
 ESCROW = "0x" + "ee" * 20
-PERIOD_BLOCKS = 100  # period 1 starts at block 101; its DKG from block 71 (3 phases of 10)
+PERIOD_BLOCKS = 70  # period 1 starts at block 71; its DKG from block 41 (3 phases of 10)
 DKG_PHASE_BLOCKS = 10  # room for a loaded machine's watcher pass
 SCHEDULE = KeySchedule(PERIOD_BLOCKS, DKG_PHASE_BLOCKS)
 EPOCH = 10
@@ -193,11 +197,8 @@ def test_four_validators_add_a_fifth_that_signs_and_an_old_credit_redeems(tmp_pa
         wallet = CreditWallet(tmp_path / "wallet.json")
         rpcs = [m.spec.rpc_url for m in members]
         with _watching(members):
-            bought = asyncio.run(
-                buy_credits(rpcs[:4], payer, 1, wallet, expiry=int(time.time()) + 3600)
-            )
-            assert [c.period for c in bought] == [0]
-            # the four add the fifth: proposed by one, approved by two more (30 of 40)
+            # the four add the fifth: proposed by one, approved by two more (30 of 40), in the
+            # first blocks, while period 0's DKG (among the four) runs
             add = ValidatorChange(
                 "add", newcomer.pub_key, 10, newcomer.spec.operator_address.lower()
             )
@@ -217,6 +218,13 @@ def test_four_validators_add_a_fifth_that_signs_and_an_old_credit_redeems(tmp_pa
             assert any(address in _signers(first, h) for h in range(joined, joined + 3))
             params = first.query("/params")["validators"]
             assert newcomer.pub_key in {v["pub_key"] for v in params}
+            # a credit of period 0: its key dealt among the four (receivers recorded at block 1,
+            # before the change; the fifth holds no share of it)
+            bought = asyncio.run(
+                buy_credits(rpcs[:4], payer, 1, wallet, expiry=int(time.time()) + 3600)
+            )
+            assert [c.period for c in bought] == [0]
+            log.info("the period-0 credit bought by block %d", first.height())
             # the first period whose DKG's receivers are recorded after the change: its DKG
             # among the five; a credit of it (or later) signed with the five's shares
             period = next(p for p in itertools.count(1) if SCHEDULE.dkg_config_height(p) > joined)
