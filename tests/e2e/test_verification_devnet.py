@@ -457,13 +457,14 @@ def leaving(devnet: dict[str, Any]) -> Iterator[list[subprocess.Popen]]:
 
 
 def _funded_and_staked(env: dict[str, str], devnet: dict[str, Any], home: Path) -> str:
-    """A new operator's wallet in `home`, funded (`planet devnet fund`) and staked (`planet
-    stake`): its address."""
-    from node.keys import load_or_create_wallet
+    """A new operator's wallet in `home` (a dev keystore, as the devnet's own accounts: each
+    `planet` command and agent that opens a scrypt one spends ~1.8 CPU-s in it), funded
+    (`planet devnet fund`) and staked (`planet stake`): its address."""
+    from node.keys import create_dev_wallet
 
     password = Path(devnet["password_file"]).read_text()
     home.mkdir()
-    address = load_or_create_wallet(home / "wallet.json", password).address
+    address = create_dev_wallet(home / "wallet.json", password).address
     started = time.monotonic()
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     assert funded.returncode == 0, funded.stderr
@@ -810,15 +811,15 @@ def _verifier_operator_credits(
     env: dict[str, str], devnet: dict[str, Any], credits_file: Path
 ) -> tuple[subprocess.CompletedProcess, ...]:
     """Validator 0's operator buys credits like any user, from a wallet of its own (funded by
-    `planet devnet fund`; not the verifier's wallet, which deposits a query id per challenge
-    meanwhile, nor the devnet's user, whose purchases the other tests count):
-    (fund, deposit, buy)."""
-    from node.keys import load_or_create_wallet
+    `planet devnet fund`, a dev keystore as `_funded_and_staked`'s; not the verifier's wallet,
+    which deposits a query id per challenge meanwhile, nor the devnet's user, whose purchases
+    the other tests count): (fund, deposit, buy)."""
+    from node.keys import create_dev_wallet
 
     home = Path(env["PLANET_HOME"]) / "verifier0-operator"
     home.mkdir()
     wallet = home / "wallet.json"
-    address = load_or_create_wallet(wallet, Path(devnet["password_file"]).read_text()).address
+    address = create_dev_wallet(wallet, Path(devnet["password_file"]).read_text()).address
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     if funded.returncode != 0:
         return (funded,)
