@@ -35,8 +35,9 @@ What the module shows, each from the chain's own answers:
   tx since and no state entry links the payer to those nodes or holds a question; and
   validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
   with credits its operator bought from a wallet of its own), challenges those charging nodes
-  and scores them fully. The nodes `planet join` started here are stopped by the last test,
-  while the committee runs: none outlives the module.
+  and scores them fully. From the honest nodes' leave on, the other three verifiers, restarted,
+  spot-check only (nothing after reads their challenges). The nodes `planet join` started here
+  are stopped by the last test, while the committee runs: none outlives the module.
 
 Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
@@ -457,13 +458,14 @@ def leaving(devnet: dict[str, Any]) -> Iterator[list[subprocess.Popen]]:
 
 
 def _funded_and_staked(env: dict[str, str], devnet: dict[str, Any], home: Path) -> str:
-    """A new operator's wallet in `home`, funded (`planet devnet fund`) and staked (`planet
-    stake`): its address."""
-    from node.keys import load_or_create_wallet
+    """A new operator's wallet in `home` (a dev keystore, as the devnet's own accounts: each
+    `planet` command and agent that opens a scrypt one spends ~1.8 CPU-s in it), funded
+    (`planet devnet fund`) and staked (`planet stake`): its address."""
+    from node.keys import create_dev_wallet
 
     password = Path(devnet["password_file"]).read_text()
     home.mkdir()
-    address = load_or_create_wallet(home / "wallet.json", password).address
+    address = create_dev_wallet(home / "wallet.json", password).address
     started = time.monotonic()
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     assert funded.returncode == 0, funded.stderr
@@ -574,8 +576,53 @@ def charging_operators(
         pool.shutdown(wait=True)
 
 
+@pytest.fixture(scope="module")
+def checking_only(env: dict[str, str], devnet: dict[str, Any]) -> Iterator[list[Any]]:
+    """Validators 1-3's verifiers, once restarted to spot-check only (`_restart_checking_only`);
+    stopped at the module's end (`devnet down` knows only the ones it started)."""
+    started: list[Any] = []
+    yield started
+    for process in started:
+        process.terminate()
+    for process in started:
+        process.wait(timeout=30)
+
+
+def _restart_checking_only(env: dict[str, str], devnet: dict[str, Any], started: list[Any]) -> None:
+    """Validators 1-3's verifiers restarted with their own command lines plus
+    `--challenges-per-epoch 0 --sampled-per-epoch 0`: they go on committing seeds,
+    spot-checking (the leaving nodes' last work among it), re-judging and serving their
+    findings, but ask nothing. From the honest nodes' leave on, no test reads a challenge of
+    theirs (the reputations, convictions and marks settle from the challenges before; the
+    charging nodes are scored by validator 0's verifier through its personal client), while
+    each asked the charging nodes through the hosted gateway every epoch: the reference pass,
+    the gateway's and the nodes' forwards, a credit redeemed (issue 41). Validator 0's
+    verifier is restarted by its own test (`personal_verifier`)."""
+    from node.procs import command_line, spawn_logged
+
+    hosted = devnet["pids"]["verifiers"][1:]
+    argvs = {}
+    for index, pid in enumerate(hosted, start=1):
+        argv = command_line(pid)
+        assert argv, f"verifier {pid} of validator{index} is not running"
+        argvs[index] = [part.decode() for part in argv[:-1]]  # /proc ends each one with \0
+        os.kill(pid, signal.SIGTERM)
+    for pid in hosted:  # each serves its findings on its port: gone before it is taken again
+        _wait(lambda p=pid: not pid_alive(p), 60, f"verifier {pid} stopping", every_s=0.5)
+    for index, argv in argvs.items():
+        asks_nothing = ["--challenges-per-epoch", "0", "--sampled-per-epoch", "0"]
+        log_path = Path(devnet["dir"]) / "logs" / f"verifier{index}-checks.log"
+        started.append(spawn_logged([*argv, *asks_nothing], log_path, env=env))
+
+
 def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_payer(
-    env, devnet, charging_operators, leaving, personal_verifier, small_balance_purchases
+    env,
+    devnet,
+    charging_operators,
+    leaving,
+    personal_verifier,
+    small_balance_purchases,
+    checking_only,
 ) -> None:
     """A network where every routable node charges credits: three new operators join one charging
     node per shard (`planet join --credit-positions`, each given the manifest and the model's
@@ -625,6 +672,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         )
         for name in ("node0", "node1", "node2")
     )
+    # from here on validators 1-3's verifiers spot-check only (`_restart_checking_only`)
+    _restart_checking_only(env, devnet, checking_only)
     paid = charging_operators.nodes()
     print(f"charging nodes joined {time.monotonic() - started:.0f} s into the test")
 
@@ -810,15 +859,15 @@ def _verifier_operator_credits(
     env: dict[str, str], devnet: dict[str, Any], credits_file: Path
 ) -> tuple[subprocess.CompletedProcess, ...]:
     """Validator 0's operator buys credits like any user, from a wallet of its own (funded by
-    `planet devnet fund`; not the verifier's wallet, which deposits a query id per challenge
-    meanwhile, nor the devnet's user, whose purchases the other tests count):
-    (fund, deposit, buy)."""
-    from node.keys import load_or_create_wallet
+    `planet devnet fund`, a dev keystore as `_funded_and_staked`'s; not the verifier's wallet,
+    which deposits a query id per challenge meanwhile, nor the devnet's user, whose purchases
+    the other tests count): (fund, deposit, buy)."""
+    from node.keys import create_dev_wallet
 
     home = Path(env["PLANET_HOME"]) / "verifier0-operator"
     home.mkdir()
     wallet = home / "wallet.json"
-    address = load_or_create_wallet(wallet, Path(devnet["password_file"]).read_text()).address
+    address = create_dev_wallet(wallet, Path(devnet["password_file"]).read_text()).address
     funded = _planet(env, "devnet", "fund", address, timeout=60)
     if funded.returncode != 0:
         return (funded,)
@@ -1041,7 +1090,9 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
         return json.load(answer)["result"]
 
 
-def test_no_honest_node_is_slashed_for_leaving(devnet, leaving, joined_homes) -> None:
+def test_no_honest_node_is_slashed_for_leaving(
+    devnet, leaving, joined_homes, checking_only
+) -> None:
     """Last: the honest nodes' `planet leave` (started by the personal-client test) kept each
     node answering the spot checks of its last work, then stopped it; and no verdict against any
     of them was ever confirmed — in particular no ticket timeout for blocks they committed
@@ -1050,6 +1101,8 @@ def test_no_honest_node_is_slashed_for_leaving(devnet, leaving, joined_homes) ->
     stopped = stopping.submit(_stop_joined, joined_homes)
     stopping.shutdown(wait=False)
     assert len(leaving) == 3, "the honest nodes never left (the personal-client test failed)"
+    # validators 1-3's verifiers, restarted to spot-check only, did so to the end
+    assert len(checking_only) == 3 and all(p.poll() is None for p in checking_only)
     for process in leaving:
         out, err = process.communicate(timeout=400)
         assert process.returncode == 0 and "chain status LEFT" in out, err[-3000:]
