@@ -44,11 +44,17 @@ def env(devnet_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def devnet(env: dict[str, str], shared_devnet: dict[str, Any]) -> dict[str, Any]:
-    built = subprocess.run(
-        ["node", "dapp/build.mjs"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert built.returncode == 0, built.stderr
+def devnet(env: dict[str, str], request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The shared devnet, the dApp built (while the devnet comes up, when it is not up yet)."""
+    build = subprocess.Popen(
+        ["node", "dapp/build.mjs"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        shared_devnet: dict[str, Any] = request.getfixturevalue("shared_devnet")
+    finally:
+        _, errors = build.communicate(timeout=120)
+    assert build.returncode == 0, errors
     assert shared_devnet.get("gateway_url"), "the devnet started no gateway"
     return shared_devnet
 
