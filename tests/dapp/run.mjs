@@ -1,12 +1,16 @@
 // Drives the web dApp in a real Chromium (Debian's /usr/bin/chromium via playwright-core)
-// against a running devnet gateway. One scenario per run; prints one JSON line with what the
-// page showed, for tests/e2e/test_dapp.py to check against the chain.
+// against a running devnet gateway. One browser for the whole run; each scenario in a fresh
+// browser context of its own (its own storage and its own injected wallet), so scenarios stay
+// independent while the browser starts once (issue 41). Scenarios come on stdin, one JSON
+// object a line; for each, one JSON line on stdout with what the page showed, for
+// tests/e2e/test_dapp.py to check against the chain. The run ends at the end of stdin.
 //
-//   DAPP_RUN='{"scenario": "pay", "gateway": URL, "rpc": URL, "chain_id": 31337,
-//              "private_key": "0x…", "artifacts": DIR, "user_data_dir": DIR}' node run.mjs
+//   echo '{"scenario": "pay", "gateway": URL, "rpc": URL, "chain_id": 31337,
+//          "private_key": "0x…", "artifacts": DIR, "chromium": PATH}' | node run.mjs
 //
 // Optional: "path" (the page's address below the gateway, default "/"), "second_model" (the
-// prepaid scenario asks its second question of this model).
+// prepaid scenario asks its second question of this model). The first line's "chromium"
+// (default /usr/bin/chromium) is the browser of the whole run.
 //
 // Scenarios: readonly (no wallet), wrong_chain (wallet on chain 1, switch offered),
 // insufficient (an empty account), pay (connect → pay → stream → receipt), rejected (the
@@ -15,6 +19,7 @@
 // withdrawal request, cancel, request, the delay passes on the chain, withdraw).
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
+import { createInterface } from "node:readline";
 import { Wallet } from "ethers";
 import { chromium } from "playwright-core";
 import { TestWallet } from "./wallet.mjs";
@@ -33,9 +38,9 @@ const DESKTOP = { width: 1280, height: 800 };
 const PHONE = { width: 390, height: 844 };
 const ANSWER_TIMEOUT_MS = 240_000;
 
-const options = JSON.parse(process.env.DAPP_RUN);
-const out = { scenario: options.scenario, console_errors: [], screenshots: [] };
-mkdirSync(options.artifacts, { recursive: true });
+// the scenario running now (one at a time): its options and what it reports
+let options = null;
+let out = null;
 
 
 
@@ -324,14 +329,14 @@ SCENARIOS.prepaid = async (page, wallet) => {
   out.withdrawal_end = await text(page, "#p-withdrawal");
 };
 
-async function main() {
-  const context = await chromium.launchPersistentContext(options.user_data_dir, {
-    executablePath: options.chromium || "/usr/bin/chromium",
-    headless: true,
-    args: FLAGS,
-    viewport: DESKTOP,
-  });
+// One scenario in a fresh context of `browser`; returns its report.
+async function runScenario(browser, line) {
+  options = JSON.parse(line);
+  out = { scenario: options.scenario, console_errors: [], screenshots: [] };
+  mkdirSync(options.artifacts, { recursive: true });
+  const context = await browser.newContext({ viewport: DESKTOP });
   let wallet = null;
+  let page = null;
   try {
     if (options.scenario !== "readonly") {
       const key =
@@ -346,7 +351,7 @@ async function main() {
       await wallet.install(context);
       out.account = wallet.address;
     }
-    const page = context.pages()[0] || (await context.newPage());
+    page = await context.newPage();
     if (wallet) wallet.page = page;
     page.on("console", (message) => {
       if (message.type() === "error") out.console_errors.push(message.text());
@@ -358,7 +363,6 @@ async function main() {
     if (wallet) out.wallet_calls = wallet.calls;
   } catch (error) {
     out.failure = String((error && error.stack) || error);
-    const page = context.pages()[0];
     if (page) {
       // What the page showed when it failed (notice, toasts, prepaid card), for the report.
       out.at_failure = await page
@@ -373,7 +377,24 @@ async function main() {
   } finally {
     await context.close();
   }
-  process.stdout.write(JSON.stringify(out) + "\n");
+  return out;
+}
+
+async function main() {
+  let browser = null;
+  try {
+    for await (const line of createInterface({ input: process.stdin, crlfDelay: Infinity })) {
+      if (!line.trim()) continue;
+      browser ??= await chromium.launch({
+        executablePath: JSON.parse(line).chromium || "/usr/bin/chromium",
+        headless: true,
+        args: FLAGS,
+      });
+      process.stdout.write(JSON.stringify(await runScenario(browser, line)) + "\n");
+    }
+  } finally {
+    if (browser) await browser.close();
+  }
 }
 
 await main();

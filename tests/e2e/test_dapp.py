@@ -1,8 +1,10 @@
 """The web dApp in a real Chromium against the session's shared devnet (tests/e2e/conftest.py).
 
-Each test runs `node tests/dapp/run.mjs <scenario>`: Debian's /usr/bin/chromium driven by
-playwright-core, the page served by the devnet gateway at `/`, and an injected EIP-1193 provider
-that signs with a devnet key and forwards everything else to the real anvil. The page's words
+The module runs one `node tests/dapp/run.mjs` (Debian's /usr/bin/chromium driven by
+playwright-core, started once: a browser start is seconds of CPU); each test sends it its
+scenario and the scenario runs in a fresh browser context of its own (its own storage and its
+own injected EIP-1193 provider, which signs with the test's devnet key and forwards everything
+else to the real anvil), the page served by the devnet gateway at `/`. The page's words
 are checked here, and what it claims (deposit, depositor, balance, receipt) against the chain
 with web3 and `protocol.payment`. Screenshots (desktop 1280x800, phone 390x844) go to
 test-artifacts/dapp/. No console error is allowed in any scenario. Each scenario signs with a
@@ -12,9 +14,11 @@ wallet of its own, funded by `planet devnet fund`, so balances and prepaid amoun
 from __future__ import annotations
 
 import json
-import os
+import queue
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +44,17 @@ def env(devnet_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def devnet(env: dict[str, str], shared_devnet: dict[str, Any]) -> dict[str, Any]:
-    built = subprocess.run(
-        ["node", "dapp/build.mjs"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert built.returncode == 0, built.stderr
+def devnet(env: dict[str, str], request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The shared devnet, the dApp built (while the devnet comes up, when it is not up yet)."""
+    build = subprocess.Popen(
+        ["node", "dapp/build.mjs"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        shared_devnet: dict[str, Any] = request.getfixturevalue("shared_devnet")
+    finally:
+        _, errors = build.communicate(timeout=120)
+    assert build.returncode == 0, errors
     assert shared_devnet.get("gateway_url"), "the devnet started no gateway"
     return shared_devnet
 
@@ -61,34 +71,79 @@ def chain(devnet: dict[str, Any]) -> Any:
     return w3, escrow
 
 
+class _Browser:
+    """The module's `node tests/dapp/run.mjs`: one Chromium, a fresh context per scenario; a
+    scenario is one JSON line in, its report one JSON line out."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        with log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                ["node", str(REPO / "tests" / "dapp" / "run.mjs")],
+                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                text=True,
+            )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the process ended
+
+    def run(self, options: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(options) + "\n")
+        self.process.stdin.flush()
+        try:
+            line = self.lines.get(timeout=SCENARIO_TIMEOUT_S)
+        except queue.Empty:
+            self.process.kill()
+            raise AssertionError(
+                f"no report within {SCENARIO_TIMEOUT_S} s\n" + self.log.read_text()[-4000:]
+            ) from None
+        assert line is not None, "run.mjs ended:\n" + self.log.read_text()[-4000:]
+        return dict(json.loads(line))
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(devnet: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Browser]:
+    started = _Browser(tmp_path_factory.mktemp("dapp") / "run.log")
+    try:
+        yield started
+    finally:
+        started.close()
+
+
 @pytest.fixture
 def user(devnet: dict[str, Any], fresh_user: User) -> Any:
     """This test's own funded wallet (eth_account's LocalAccount)."""
     return fresh_user.key
 
 
-def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **extra: Any) -> dict:
-    options = {
-        "scenario": scenario,
-        "gateway": devnet["gateway_url"],
-        "rpc": devnet["evm_rpc"],
-        "chain_id": int(devnet.get("chain_id") or 31337),
-        "private_key": "0x" + bytes(user.key).hex(),
-        "artifacts": str(ARTIFACTS),
-        "user_data_dir": str(tmp_path / "chromium-profile"),
-        "chromium": str(CHROMIUM),
-        **extra,
-    }
-    done = subprocess.run(
-        ["node", str(REPO / "tests" / "dapp" / "run.mjs")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT_S,
-        env={**os.environ, "DAPP_RUN": json.dumps(options)},
+def _run(scenario: str, browser: _Browser, devnet: dict[str, Any], user: Any, **extra: Any) -> dict:
+    result = browser.run(
+        {
+            "scenario": scenario,
+            "gateway": devnet["gateway_url"],
+            "rpc": devnet["evm_rpc"],
+            "chain_id": int(devnet.get("chain_id") or 31337),
+            "private_key": "0x" + bytes(user.key).hex(),
+            "artifacts": str(ARTIFACTS),
+            "chromium": str(CHROMIUM),
+            **extra,
+        }
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert "failure" not in result, (
         result["failure"]
         + "\n"
@@ -114,10 +169,10 @@ def _pool(devnet: dict[str, Any]) -> dict[str, Any]:
     return _pools(devnet)[0]
 
 
-def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, tmp_path) -> None:
+def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, browser, user) -> None:
     """Read-only, every served model listed (a pool in the form, a row in the network view),
     and an address naming a model the gateway does not serve says so and shows the first."""
-    result = _run("readonly", devnet, user, tmp_path, path="/?model=no-such-model")
+    result = _run("readonly", browser, devnet, user, path="/?model=no-such-model")
     pools = _pools(devnet)
     names = [p["model"] for p in pools]
     assert len(names) == 2, names  # the devnet serves two models (issue 44)
@@ -140,8 +195,8 @@ def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, t
     assert f"{pool['model']}: pool {pool['status']}" in result["network_summary"]
 
 
-def test_dapp_wrong_chain_offers_switch_and_switching_enables_pay(devnet, user, tmp_path) -> None:
-    result = _run("wrong_chain", devnet, user, tmp_path)
+def test_dapp_wrong_chain_offers_switch_and_switching_enables_pay(devnet, browser, user) -> None:
+    result = _run("wrong_chain", browser, devnet, user)
     assert result["badge_before"] == "Wrong network: chain 1"
     assert "Switch networks to ask" in result["notice"]
     assert result["pay_disabled_before"]
@@ -153,22 +208,22 @@ def test_dapp_wrong_chain_offers_switch_and_switching_enables_pay(devnet, user, 
 
 
 def test_dapp_empty_account_gets_insufficient_funds_and_sends_nothing(
-    devnet, user, tmp_path
+    devnet, browser, user
 ) -> None:
-    result = _run("insufficient", devnet, user, tmp_path)
+    result = _run("insufficient", browser, devnet, user)
     assert result["balance"] == "0 ETH"
     assert result["notice"].startswith("Insufficient funds")
     assert result["sent_transactions"] == 0
 
 
 def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
-    env, devnet, user, chain, tmp_path
+    env, devnet, browser, user, chain
 ) -> None:
     from protocol.payment import payment_domain, verify_receipt_json
 
     w3, escrow = chain
     before = w3.eth.get_balance(user.address)
-    result = _run("pay", devnet, user, tmp_path)
+    result = _run("pay", browser, devnet, user)
     assert not result["notice_visible"], result.get("notice")
     assert result["account"] == user.address
     assert result["answer"].strip(), "no answer text"
@@ -221,11 +276,11 @@ def _served_receipt(env: dict[str, str], query_id: str) -> dict[str, Any]:
 
 
 def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout(
-    devnet, user, chain, tmp_path
+    devnet, browser, user, chain
 ) -> None:
     w3, escrow = chain
     timeout_s = escrow.functions.refundTimeout().call()
-    result = _run("rejected", devnet, user, tmp_path, refund_timeout_s=timeout_s)
+    result = _run("rejected", browser, devnet, user, refund_timeout_s=timeout_s)
     assert "you declined the request in your wallet" in result["notice"]
     assert "refund it" in result["notice"]
     assert "eth_signTypedData_v4" in result["wallet_calls"]
@@ -252,7 +307,7 @@ def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout
 
 
 def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
-    env, devnet, user, chain, tmp_path
+    env, devnet, browser, user, chain
 ) -> None:
     """Add funds, two questions paid by vouchers with no transaction between them (the first to
     the first model, the second to the second model: issue 44), the held amount, then the
@@ -263,9 +318,7 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     timeout_s = escrow.functions.refundTimeout().call()
     pools = _pools(devnet)
     second = pools[1]["model"]
-    result = _run(
-        "prepaid", devnet, user, tmp_path, refund_timeout_s=timeout_s, second_model=second
-    )
+    result = _run("prepaid", browser, devnet, user, refund_timeout_s=timeout_s, second_model=second)
     assert "Voucher limit for this question" in result["estimate"]
     pool = pools[0]
     fund = w3.eth.get_transaction_receipt(result["fund_tx"])
