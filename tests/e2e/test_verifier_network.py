@@ -189,8 +189,10 @@ def test_honest_nodes_get_the_speed_the_verifier_measured_on_clean_sampled_answe
 ) -> None:
     """Issue 44: the verifier times its clean sampled answers (never the substitute's), its
     vote extension carries each node's own tokens/s solved from them, and the committee answers them
-    as `/node` `speed` (one validator: the median is its report) — after the earlier tests
-    many epochs have closed, so this normally waits for nothing."""
+    as `/node` `speed` (one validator: the median is its report). It waits for nothing when the
+    epoch that blamed the substitute also timed a clean A + B sampled answer (one sampled check
+    an epoch, through B or the substitute as the gateway draws), else for the next epoch's (the
+    substitute is unroutable by then)."""
     committee = vnet.net.committee
     assert committee is not None
     cheater = vnet.cheaters[0].public
