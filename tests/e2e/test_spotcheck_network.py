@@ -5,8 +5,8 @@ running the committee app (20-block epochs, verdicts enabled, genesis `spot_chec
 every committed block is checked), two staked int8 SmolLM2 compute nodes — A (shard 0) honest,
 N (shard 1) adding noise to every 8th position's output (`--cheat noise:0.5:8`) — each serving
 with `--commit-dir --node-key --committee-rpc` (tickets on), their spools committed and revealed
-by the agent's `Committer`, the gateway, and `planet verifier serve` (its challenges are the
-traffic the nodes serve and commit).
+by the agent's `Committer`, the gateway, and `planet verifier serve` (its challenges, windows
+of the public text, are the traffic the nodes serve and commit).
 
 Scenario: the verifier's seed for epoch e+1 puts it in e+1's verifier set (`/epochs`); the
 blocks the nodes committed during e are selected under e+1's seed and assigned to it; it

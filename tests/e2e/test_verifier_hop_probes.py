@@ -4,9 +4,10 @@ The network (harness/verifier_net.py, every process real): anvil with the contra
 CometBFT validator with the committee app, three staked int8 SmolLM2 compute nodes over 2
 shards — A (shard 0), B (shard 1) and W (shard 1, `tests/doubles/slow_node.py --slow-factor 4`:
 every forward call takes 4× its time) —, the gateway, and `planet verifier serve`
-with no sampled checks (`--sampled-per-epoch 0`): its speeds can come from nothing but its
-one-node timings (`--hop-probes-per-epoch 3 --hop-sessions 4`: every node, one probe of 4
-sessions × 8 positions a epoch; `--private-peers 127.0.0.0/8`: the nodes are on loopback).
+with no sampled checks (`--sampled-per-epoch 0`) and 4 short echo challenges an epoch (8 + 8
+tokens: they only score A and B): its speeds can come from nothing but its one-node timings
+(`--hop-probes-per-epoch 3 --hop-sessions 4`: every node, one probe of 4 sessions × 8
+positions a epoch; `--private-peers 127.0.0.0/8`: the nodes are on loopback).
 
 Checked: the verifier logs a clean timing of each node (`hop epoch=… speed=…`), every one of
 W's lower than every one of its replica B's, and the committee's `/node` `speed` of A and B
@@ -39,9 +40,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # to 3 more epochs
 EPOCH_BLOCKS = 70
 SLOW = 4.0
+# The challenges only score A and B (a speed is reported beside a score): 4 short ones (8 + 8
+# tokens). A 96-token prefill through W took ~5 s of a 14 s epoch, so with 2 of them the
+# epoch's probes ran over into the next. And until W's probe (decode steps; prefills are left
+# out of /info's step time) shows it slow, the gateway draws B or W for each challenge: B
+# goes unscored in a first epoch of 2 challenges at odds of 1 in 4, each time one more epoch
+CHALLENGES = 4
 VERIFIER_ARGS = (
     *("--sampled-per-epoch", "0"),
     *("--challenge-source", "corpus"),
+    *("--prompt-tokens", "8", "--continuation-tokens", "8"),
     *("--hop-probes-per-epoch", "3"),
     *("--hop-sessions", "4"),
     *("--private-peers", "127.0.0.0/8"),
@@ -59,7 +67,7 @@ def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
         slowed=[(1, SLOW)],
         slow_node=slow_node.MODULE,
         epoch_blocks=EPOCH_BLOCKS,
-        challenges=2,
+        challenges=CHALLENGES,
         verifier_args=VERIFIER_ARGS,
     )
     try:

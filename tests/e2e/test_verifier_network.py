@@ -5,7 +5,8 @@ validator running the committee app (short epochs, verdicts enabled: genesis has
 section), three staked int8 SmolLM2 compute nodes over 2 shards — A (shard 0) and B (shard 1)
 honest, S (shard 1) a substitute that skips every other layer (tests/doubles/cheating_node.py
 `--cheat substitute-skip:2`) —, the gateway, and `planet verifier serve` on the validator's home
-as its own process (its own wallet pays for every challenge).
+as its own process (its own wallet pays for every challenge; short challenges and epochs of 120
+blocks: EPOCH_BLOCKS says why).
 
 Scenario: the verifier commits a seed, challenges through the gateway with echo, scores
 teacher-forced, writes the scores file that the validator's vote extension carries; within 5
@@ -33,13 +34,28 @@ from tests.doubles import cheating_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# ~40 s epochs at the committee's ~0.2 s blocks: on the 2-core CI box the verifier finishes a
-# challenge every ~20 s, so this gives it ~2 per epoch. With 50-block epochs it managed one per
-# two epochs, a low circuit (shared shard-0 node + substitute) was rarely followed by the clean
-# one that clears its partner in the same or the next epoch, and attribution waited for chance
-# (CI of ed09fc2: C=0 in epochs 6, 8, 17, 21, 22, clean ones in between, no blame by 36).
-EPOCH_BLOCKS = 200
+# ~26 s epochs at the committee's ~0.2 s blocks. The substitute is blamed at the end of the
+# first epoch whose results saw it beside A and A beside B: normally the first one with the
+# verifier's seed (the epoch after its start), so the test lasts ~2 epochs, and an epoch must
+# hold the verifier's work — its 4 challenges, its sampled check, and the next epoch's text,
+# which its reference writes meanwhile (~70 ms of CPU a token). With 50-block epochs it managed
+# one challenge per two epochs, a low circuit (shared shard-0 node + substitute) was rarely
+# followed by the clean one that clears its partner in the same or the next epoch, and
+# attribution waited for chance (CI of ed09fc2: C=0 in epochs 6, 8, 17, 21, 22, clean ones in
+# between, no blame by 36). The shorter challenges below (16 + 32 tokens: 96 tokens of text an
+# epoch, 48-token prefills, 16 sampled tokens, against 144, 96 and 32 by default) cut that work
+# so that 120 blocks hold it as 200 did: under a cap of half a core (4 lanes on 2 cores) it took
+# 26 s of a 31 s epoch, the default lengths 44 s of a 53 s 200-block one, and both blamed the
+# substitute in the first seeded epoch; uncapped ~11 s of ~27 s. The lengths decide nothing
+# here: the substitute's mean KL a token was 2.6 to 5.6 nats in those runs, an honest int8
+# circuit's 0 (its activations are the reference's own), the calibrated full-credibility
+# bound 0.0039.
+EPOCH_BLOCKS = 120
 UNTRUSTED_BELOW = 400_000
+VERIFIER_ARGS = (
+    *("--prompt-tokens", "16", "--continuation-tokens", "32"),
+    *("--sampled-tokens", "16"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +70,7 @@ def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
         cheating_node=cheating_node.MODULE,
         epoch_blocks=EPOCH_BLOCKS,
         challenges=4,
+        verifier_args=VERIFIER_ARGS,
     )
     try:
         yield network
@@ -172,8 +189,10 @@ def test_honest_nodes_get_the_speed_the_verifier_measured_on_clean_sampled_answe
 ) -> None:
     """Issue 44: the verifier times its clean sampled answers (never the substitute's), its
     vote extension carries each node's own tokens/s solved from them, and the committee answers them
-    as `/node` `speed` (one validator: the median is its report) — after the earlier tests
-    many epochs have closed, so this normally waits for nothing."""
+    as `/node` `speed` (one validator: the median is its report). It waits for nothing when the
+    epoch that blamed the substitute also timed a clean A + B sampled answer (one sampled check
+    an epoch, through B or the substitute as the gateway draws), else for the next epoch's (the
+    substitute is unroutable by then)."""
     committee = vnet.net.committee
     assert committee is not None
     cheater = vnet.cheaters[0].public

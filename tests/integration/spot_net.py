@@ -9,7 +9,8 @@ file is the key it is registered with) or, with a cheat mode, as tests/doubles/c
 with the same arguments and `--cheat MODE`; the test process commits and reveals each node's
 spool with the agent's own `Committer` (the nonce counter is shared with the heartbeat thread,
 so the two never reuse a nonce), and the verifier runs with the same `--spot-check-ppm`, which
-genesis also names (`spot_check_ppm`).
+genesis also names (`spot_check_ppm`), and challenges from the public text
+(`--challenge-source corpus`: they only make the traffic the nodes commit).
 
     net = SpotNet.start(run_dir, manifest, nodes=[(0, ""), (1, "noise:0.5:8")], ppm=10**6)
     ...
@@ -128,7 +129,13 @@ class SpotNet(VerifierNet):
             self.start_verifier(
                 challenges,
                 1,
-                ("--spot-check-ppm", str(ppm), "--ticket-deadline", str(ticket_deadline_s)),
+                (
+                    *("--spot-check-ppm", str(ppm), "--ticket-deadline", str(ticket_deadline_s)),
+                    # its challenges only make the traffic the nodes commit: windows of the
+                    # public text, not a text its reference writes for every epoch (112
+                    # tokens, ~8 CPU-s: longer than a 20-block epoch, so it never idled)
+                    *("--challenge-source", "corpus"),
+                ),
             )
         except BaseException:
             self.close()
