@@ -20,6 +20,7 @@ it each epoch through hop_runner.py (which nodes: hop_schedule.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from node.verifier.fingerprint import check, fingerprint_bytes
 from node.verifier.hop_probe import Clock, HopProbe, HopResult, time_hop
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -98,14 +101,27 @@ async def run_probe(
                 return error  # (raised in `time_hop`'s task group it would escape the except)
 
         def right(session: int, position: int, answer: object) -> bool:
-            if not isinstance(answer, np.ndarray) or answer.shape != (1, 1, client.hidden_size):
-                return False
-            got = torch.from_numpy(answer.astype(np.float32))
-            own = rows.expected[session][:, position : position + 1]
-            return check(fingerprint_bytes(got, position), own, position, tolerance).passed
+            if isinstance(answer, PlanetError):
+                why = f"{type(answer).__name__}: {answer}"
+            elif not isinstance(answer, np.ndarray) or answer.shape != (1, 1, client.hidden_size):
+                why = f"an answer of shape {getattr(answer, 'shape', type(answer).__name__)}"
+            else:
+                got = torch.from_numpy(answer.astype(np.float32))
+                own = rows.expected[session][:, position : position + 1]
+                if check(fingerprint_bytes(got, position), own, position, tolerance).passed:
+                    return True
+                why = "an answer off the verifier's own beyond the tolerance"
+            log.warning(
+                "hop probe not clean node=%s session=%d position=%d: %s",
+                client.hops[0].url, session, position, why,
+            )  # fmt: skip
+            return False
 
         return await time_hop(probe, step, right, clock)
-    except PlanetError:
+    except PlanetError as error:
+        log.warning(
+            "hop probe not clean node=%s: %s: %s", client.hops[0].url, type(error).__name__, error
+        )
         return HopResult(0.0, clean=False)
     finally:
         for sid in sids:

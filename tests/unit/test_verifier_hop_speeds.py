@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 from pathlib import Path
 
@@ -317,7 +318,7 @@ def _rows(manifest: Path, probed: int, wrong: bool = False) -> ProbeRows:
 
 
 async def test_a_live_probe_times_one_node_alone_and_checks_every_answer(
-    aiohttp_server, tiny_split
+    aiohttp_server, tiny_split, caplog: pytest.LogCaptureFixture
 ) -> None:
     manifest = tiny_split
     config = ServerConfig(manifest_path=manifest, shard_id=1)
@@ -330,5 +331,9 @@ async def test_a_live_probe_times_one_node_alone_and_checks_every_answer(
         assert result.clean and result.seconds > 0
         assert is_speed(speeds.note_hop("node-1", 1, 2, probe.work, result.seconds, True))
         # checked against another shard's outputs: the answers are wrong, nothing credited
-        wrong = await run_probe(client, probe, _rows(manifest, 1, wrong=True), EXACT_ENOUGH)
+        with caplog.at_level(logging.WARNING, logger="node.verifier.hop_session"):
+            wrong = await run_probe(client, probe, _rows(manifest, 1, wrong=True), EXACT_ENOUGH)
         assert not wrong.clean
+        # and the verifier's log says why (an unclean probe credits nothing: it was silent)
+        said = [r.getMessage() for r in caplog.records if "hop probe not clean" in r.getMessage()]
+        assert said and all("off the verifier's own" in line for line in said), said
