@@ -5,17 +5,22 @@ benchmarks that only load shards in process."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def prepared_manifest(parts: int = 2, quant: str = "int8") -> Path:
-    """The prepared SmolLM2 shards' manifest: the cached one when present (each node re-checks
-    its shard file's hash at start), else `node.model.prepare`."""
-    from node.model.source import models_dir
+def prepared_manifest(
+    parts: int = 2, quant: str = "int8", split: Sequence[int] | None = None
+) -> Path:
+    """The prepared SmolLM2 shards' manifest (`split`: layers per shard, as `planet prepare
+    --split` takes them): the cached one when present, else `node.model.prepare`. The cached
+    one's files are not hashed here (`prepare` re-hashes every shard of a reused output, ~1.4
+    CPU-s for the fp32 model): each node re-checks its shard file's hash at start."""
+    from node.model.source import DEFAULT_MODEL_ID, default_out_dir
 
-    cached = models_dir() / f"smollm2-135m-{parts}p-{quant}" / "manifest.json"
+    cached = default_out_dir(DEFAULT_MODEL_ID, parts, quant, split) / "manifest.json"
     if cached.exists():
         return cached
     from node.model.prepare import prepare
 
-    return Path(prepare(parts=parts, quant=quant, progress=lambda _m: None))
+    return Path(prepare(parts=parts, quant=quant, split=split, progress=lambda _m: None))

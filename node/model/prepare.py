@@ -46,7 +46,7 @@ from node.model.source import (
     ModelSource,
     Progress,
     default_layer_count,
-    models_dir,
+    default_out_dir,
     replace_dir,
     resolve_source,
     staging_dir,
@@ -103,13 +103,6 @@ def split_layers(
         ranges.append((start, start + size))
         start += size
     return ranges
-
-
-def default_out_dir(model_id: str, parts: int, quant: str, split: Sequence[int] | None) -> Path:
-    name = f"{model_id}-{parts}p-{quant}"
-    if split is not None:
-        name += "-s" + "_".join(str(size) for size in split)
-    return models_dir() / name
 
 
 def prepare(

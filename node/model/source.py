@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +53,14 @@ def planet_home() -> Path:
 
 def models_dir() -> Path:
     return planet_home() / "models"
+
+
+def default_out_dir(model_id: str, parts: int, quant: str, split: Sequence[int] | None) -> Path:
+    """Where `planet prepare` puts a model's shard set by default (node/model/prepare.py)."""
+    name = f"{model_id}-{parts}p-{quant}"
+    if split is not None:
+        name += "-s" + "_".join(str(size) for size in split)
+    return models_dir() / name
 
 
 @dataclass(frozen=True)

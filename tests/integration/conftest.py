@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.shard_cache import prepared_manifest
 from node.server.launcher import (
     NodeProcess,
     free_ports,
@@ -53,7 +54,7 @@ class PlainCircuits:
             if all(pid_alive(node.pid) for node in nodes):
                 return manifest, nodes
             self.release(parts, split)
-        manifest = _prepare(parts, split)
+        manifest = prepared_manifest(parts, "none", split)  # the nodes check its hashes
         name = f"{parts}p" + ("" if split is None else "-" + "-".join(map(str, split)))
         ports = free_ports(parts, *PORTS)
         next_hops = ("--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports))
@@ -86,14 +87,6 @@ class PlainCircuits:
     def close(self) -> None:
         for parts, split in list(self.started):
             self.release(parts, split)
-
-
-def _prepare(parts: int, split: Sequence[int] | None) -> Path:
-    from node.model.prepare import prepare  # lazy: torch
-
-    if split is None:
-        return Path(prepare(parts=parts, quant="none", progress=lambda _msg: None))
-    return Path(prepare(parts=parts, quant="none", split=list(split), progress=lambda _m: None))
 
 
 @pytest.fixture(scope="session")

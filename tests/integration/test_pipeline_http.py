@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.shard_cache import prepared_manifest
 from node.client.circuit import CircuitClient
 from node.client.info import check_circuit, node_infos
 from node.client.types import Hop, Timings
@@ -162,9 +163,8 @@ def test_pipeline_http_greedy_equals_transformers_generate(circuit, reference, h
 
 def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path):
     from node.model.manifest import Manifest
-    from node.model.prepare import prepare
 
-    manifest_path = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
+    manifest_path = prepared_manifest(parts=2, quant="none")
     source = manifest_path.parent
     target = tmp_path / "model"
     target.mkdir()
