@@ -268,9 +268,16 @@ class Queue:
             free = [unit for unit in units if unit.name not in taken]
             if not free:
                 return None
-            chosen = next(
-                (u for u in free if not u.weight or gate.fits(u.weight, locked=True)), free[0]
+            fitting = next(
+                (u for u in free if not u.weight or gate.fits(u.weight, locked=True)), None
             )
+            chosen = fitting or free[0]
+            if fitting is not None and fitting.weight:
+                # held for it from now, not from its first test: another lane choosing while
+                # this lane's current unit ends would otherwise see the budget free, take a
+                # unit that does not fit beside this one, and wait for memory (225 s of a lane
+                # in one run) where a unit that fits was left
+                gate.reserve(fitting.weight)
             taken[chosen.name] = self.lane
             self.state.write_text(json.dumps(taken))
             return chosen
@@ -311,8 +318,10 @@ def available_gb() -> float:
 
 
 class Gate:
-    """The lanes' shared memory budget: a JSON file of {lane: GB held}, read and written under
-    an exclusive lock on its folder's lock file."""
+    """The lanes' shared memory budget: a JSON file of {lane: GB held, "lane/next": GB held for
+    the unit the lane takes next}, read and written under an exclusive lock on its folder's
+    lock file. A lane's own entries never keep its own units out (its current unit ends before
+    the next starts)."""
 
     def __init__(self, folder: Path, lane: int) -> None:
         self.lock, self.state, self.lane = folder / "gate.lock", folder / "gate.json", str(lane)
@@ -329,7 +338,7 @@ class Gate:
         return json.loads(self.state.read_text()) if self.state.is_file() else {}
 
     def _decide(self, held: dict[str, float], gb: float) -> bool:
-        others = sum(v for k, v in held.items() if k != self.lane)
+        others = sum(v for k, v in held.items() if k.split("/")[0] != self.lane)
         if others and others + gb > budget_gb():
             return False
         # something outside the lanes may hold the memory (another run)
@@ -346,9 +355,18 @@ class Gate:
             if dry:
                 return True
             held.pop(self.lane, None)
-            held.update(change or {})
+            if change:  # taking: the unit's reservation becomes what the lane holds
+                held.pop(f"{self.lane}/next", None)
+                held.update(change)
             self.state.write_text(json.dumps(held))
             return True
+
+    def reserve(self, gb: float) -> None:
+        """Hold `gb` for the unit this lane takes next (the caller holds the folder's lock:
+        the queue choosing it)."""
+        held = self._held()
+        held[f"{self.lane}/next"] = gb
+        self.state.write_text(json.dumps(held))
 
     def take(self, gb: float) -> None:
         start, before = time.monotonic(), self.waited_s

@@ -174,6 +174,34 @@ def test_a_weighed_unit_waits_until_the_budget_fits_it(tmp_path: Path, monkeypat
     assert json.loads((tmp_path / "gate.json").read_text()) == {"1": 9.0, "0": 3.0}
 
 
+def test_a_weighed_unit_is_held_for_from_when_a_lane_chooses_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Lane 0 chooses the 12 GB unit while it still runs its current one; lane 1 choosing next
+    passes over the 8 GB unit (12 + 8 > 14) for a light one instead of taking it and waiting
+    for memory while lane 0's unit runs (a lane waited 225 s so in a CI-like run)."""
+    monkeypatch.setattr("harness.lanes.budget_gb", lambda: 14.0)
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: 100.0)
+    units = [
+        Unit("verification", [], 12.0),
+        Unit("resilience", [], 8.0),
+        Unit("light", [], 0.0),
+        Unit("other light", [], 0.0),
+    ]
+    gates = [Gate(tmp_path, 0), Gate(tmp_path, 1)]
+    queues = [Queue(tmp_path, 0), Queue(tmp_path, 1)]
+    first = queues[0].take(units, gates[0])
+    assert first is not None and first.name == "verification"
+    second = queues[1].take(units, gates[1])
+    assert second is not None and second.name == "light"
+    gates[0].take(12.0)  # its first test: the reservation becomes what lane 0 holds
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"0": 12.0}
+    gates[0].give_back()  # its last test done: the 8 GB unit fits now
+    third = queues[1].take(units, gates[1])
+    assert third is not None and third.name == "resilience"
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"1/next": 8.0}
+
+
 def test_a_unit_heavier_than_the_budget_runs_alone_instead_of_never(
     tmp_path: Path, monkeypatch
 ) -> None:
