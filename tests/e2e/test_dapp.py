@@ -237,7 +237,9 @@ def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
     on_chain = escrow.functions.depositOf(bytes.fromhex(query_id[2:])).call()
     user_on_chain, amount, status, _, model_id, gateway = on_chain
     assert user_on_chain == user.address == receipt["chain_user"]
-    assert status == 1  # Funded: the committee has not settled it yet
+    # Funded, or already Settled: the epoch's payout root may land between the answer and this
+    # read (it did once under the lanes' load); never refunded or reclaimed
+    assert status in (1, 2), status
     assert int(receipt["chain_amount"]) == amount
     assert receipt["deposit"].startswith(f"{amount} wei")
     # The deposit is bound to the gateway serving the page, for its model.
