@@ -52,7 +52,7 @@ def relay_start_cpu_s(run_dir: Path) -> tuple[float, str]:
     import subprocess
 
     from harness.ports import ephemeral_port
-    from node.procs import spawn_piped
+    from node.procs import spawn_piped, terminate
 
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "planet", "relay", "serve", "--home", str(run_dir), "--port",
@@ -66,12 +66,7 @@ def relay_start_cpu_s(run_dir: Path) -> tuple[float, str]:
         used = cpu_s(relay.pid)
         return used, "popen" if isinstance(relay, subprocess.Popen) else "zygote"
     finally:
-        relay.terminate()  # SIGTERM, then SIGKILL if it outstays 10 s
-        try:
-            relay.wait(10)
-        except subprocess.TimeoutExpired:
-            relay.kill()
-            relay.wait(10)
+        terminate(relay)
         if relay.stdout is not None:
             relay.stdout.close()
 

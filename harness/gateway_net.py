@@ -46,7 +46,7 @@ from node.chain.committee_pages import path_query, read_reputations
 from node.chain.evm.account import PlanetChain
 from node.keys import create_dev_wallet
 from node.model.manifest import Manifest
-from node.procs import Child, spawn_process
+from node.procs import Child, spawn_process, terminate
 from node.server.launcher import (
     NODE_MARKER,
     NodeProcess,
@@ -109,18 +109,6 @@ class Compute:
         with _NONCE_LOCK:
             self.nonce += 1
             return self.nonce
-
-
-def terminate(process: Child, grace_s: float = 10) -> None:
-    """SIGTERM, then SIGKILL if it is still running `grace_s` later; waits for the exit."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(grace_s)
 
 
 @dataclass

@@ -99,6 +99,18 @@ def spawn_piped(
     )  # fmt: skip
 
 
+def terminate(process: Child, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it is still running `grace_s` later; waits for the exit."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)
+
+
 def run_captured(
     argv: Sequence[str],
     *,

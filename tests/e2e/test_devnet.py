@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import pytest
 
-from node.procs import Child, spawn_piped
+from node.procs import Child, spawn_piped, terminate
 from node.server.launcher import pid_alive
 from protocol.committee.prices import going_price
 from tests.bench_runs import one_benchmark_object, run_bench
@@ -452,13 +452,7 @@ class _RelayStart:
             return
         self.closed = True
         relay = self.relay
-        if relay.poll() is None:
-            relay.terminate()
-            try:
-                relay.wait(10)
-            except subprocess.TimeoutExpired:
-                relay.kill()
-                relay.wait(5)
+        terminate(relay)
         if relay.stdout is not None:
             relay.stdout.close()
         self.log.close()
@@ -747,14 +741,7 @@ class _Gateway2Start:
 
     def close(self) -> None:
         """Stop the second gateway (SIGTERM, then SIGKILL after a minute)."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, grace_s=60)
 
 
 def _gateway2_start(env: dict[str, str], devnet: dict[str, Any], folder: Path) -> _Gateway2Start:
