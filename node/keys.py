@@ -125,13 +125,16 @@ def create_wallet(
     return account
 
 
-def create_dev_wallet(path: Path, password: str) -> LocalAccount:
-    """A fresh keystore with a cheap KDF (PBKDF2, 1,000 rounds) instead of scrypt's ~2 s: only
-    for throwaway accounts on a local devnet, whose keys guard nothing of value. Opens with
-    `load_wallet` like any other keystore; never overwrites a file."""
+def create_dev_wallet(
+    path: Path, password: str, private_key: str | bytes | None = None
+) -> LocalAccount:
+    """A keystore (a fresh key, or `private_key` imported) with a cheap KDF (PBKDF2, 1,000
+    rounds) instead of scrypt's ~2 s: only for throwaway accounts on a local devnet or in tests,
+    whose keys guard nothing of value (scrypt also costs ~1.8 CPU-s in every process that opens
+    one). Opens with `load_wallet` like any other keystore; never overwrites a file."""
     from eth_account import Account  # lazy: eth-account (~0.4 s)
 
-    account = Account.create()
+    account = Account.from_key(private_key) if private_key is not None else Account.create()
     keystore = Account.encrypt(account.key, password, kdf="pbkdf2", iterations=1000)
     _write_new(path, json.dumps(keystore))
     return account

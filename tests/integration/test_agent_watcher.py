@@ -37,9 +37,8 @@ from deploy.committee.start import start_network
 from deploy.committee.watchers import start_watchers
 from deploy.evm import DeployConfig, deploy_all
 from harness.committee_reads import nodes_of
-from harness.wallets import dev_wallet
 from node.chain.evm.account import PlanetChain
-from node.keys import create_node_key
+from node.keys import create_dev_wallet, create_node_key
 from node.net import port_is_free
 from node.procs import run_captured, spawn_piped
 from node.server.launcher import start_node, stop_pid, wait_healthy
@@ -103,7 +102,7 @@ def world(tmp_path_factory) -> Iterator[World]:
         start_network(network, timeout_s=90)
         start_watchers(network, deployment=deployment_path, evm_rpc=anvil.rpc_url)
         home = root / "operator"
-        dev_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
+        create_dev_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
         node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
         manifest = Path(prepare(parts=3, quant="int8"))
         node = start_node(manifest=manifest, shard=0, port=_free(22650), run_dir=home / "run")
@@ -274,7 +273,7 @@ def test_a_staked_relay_registers_is_listed_and_leaves(world: World) -> None:
 
     root = world.home.parent
     home = root / "relay-operator"
-    dev_wallet(home / "wallet.json", "pw", RELAY_OPERATOR_KEY)
+    create_dev_wallet(home / "wallet.json", "pw", RELAY_OPERATOR_KEY)
     relay_chain = PlanetChain(world.chain.deployment, RELAY_OPERATOR_KEY, rpc_url=world.rpc)
     relay_chain.staking.stake(3, ETHER // 10)
     rpc = world.network.validators[0].rpc_url

@@ -821,11 +821,11 @@ def test_cli_balance_per_gateway_by_address_deposit_show_withdraw(
 ) -> None:
     """`planet balance … --gateway 0x…` needs no running gateway (a balance at a gateway that is
     down can still be withdrawn); each gateway's balance is its own."""
-    from harness.wallets import dev_wallet
+    from node.keys import create_dev_wallet
 
     payer = account(anvil, deployment, "cli payer")
     wallet = tmp_path / "wallet.json"
-    dev_wallet(wallet, "pw", bytes(payer.account.key))
+    create_dev_wallet(wallet, "pw", bytes(payer.account.key))
     path = deployment.save(tmp_path / "deployment.json")
     first, second = (address_of(new_id("gateway key")) for _ in range(2))
     common = ["--deployment", str(path), "--evm-rpc", anvil.rpc_url, "--wallet", str(wallet)]
@@ -860,11 +860,11 @@ def test_cli_balance_per_gateway_by_address_deposit_show_withdraw(
 def test_cli_balance_unreachable_gateway_url_names_the_address_way(
     tmp_path: Path, deployment: Deployment, anvil: Anvil
 ) -> None:
-    from harness.wallets import dev_wallet
+    from node.keys import create_dev_wallet
 
     payer = account(anvil, deployment, "cli payer")
     wallet = tmp_path / "wallet.json"
-    dev_wallet(wallet, "pw", bytes(payer.account.key))
+    create_dev_wallet(wallet, "pw", bytes(payer.account.key))
     path = deployment.save(tmp_path / "deployment.json")
     closed = f"http://127.0.0.1:{UNUSED_PORT}"
     result = _planet_balance(

@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-from harness.wallets import dev_wallet
 from node.client.credit_purchase import buy_credits, finish_pending
 from node.client.credit_wallet import CreditWallet
 from node.client.mint_request import MintIncomplete
+from node.keys import create_dev_wallet
 from node.procs import spawn_piped
 from node.watcher.credit_dkg import plan
 from node.watcher.mint_signer import MintSigner
@@ -218,7 +218,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
             # the same through the CLI, from an encrypted keystore
             keystore, password = tmp_path / "payer.json", tmp_path / "password"
             password.write_text("credits-test")
-            dev_wallet(keystore, "credits-test", payer)
+            create_dev_wallet(keystore, "credits-test", payer)
             cli_file = tmp_path / "cli-credits.json"
             argv = ["credits", "buy", "2", "--committee-rpc", net.rpc, "--wallet", str(keystore)]
             argv += ["--password-file", str(password), "--credits-file", str(cli_file)]

@@ -433,12 +433,12 @@ def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProc
 def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
     net: GatewayNet, tmp_path: Path
 ) -> None:
-    from harness.wallets import dev_wallet
+    from node.keys import create_dev_wallet
 
     assert net.anvil is not None
     payer = net.account("cli-user")
     wallet = tmp_path / "wallet.json"
-    dev_wallet(wallet, "pw", bytes(payer.account.key))
+    create_dev_wallet(wallet, "pw", bytes(payer.account.key))
     common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
     done = _planet(
         net,
@@ -465,7 +465,7 @@ def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
     unreachable = _planet(net, tmp_path, "Hi", "--gateway", closed, *common)
     assert unreachable.returncode == 6 and "unreachable" in unreachable.stderr
     poor = tmp_path / "poor.json"
-    dev_wallet(poor, "pw", bytes.fromhex("5" * 64))
+    create_dev_wallet(poor, "pw", bytes.fromhex("5" * 64))
     broke = _planet(
         net, tmp_path, "Hi", "--gateway", net.gateway_url, "--wallet", str(poor), *common
     )
@@ -505,12 +505,12 @@ def _planet_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     net: GatewayNet, tmp_path: Path
 ) -> None:
-    from harness.wallets import dev_wallet
+    from node.keys import create_dev_wallet
     from protocol.payment import verify_prepaid_receipt_json
 
     assert net.anvil is not None
     payer = net.account("prepaid")
-    dev_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
+    create_dev_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
     common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
     common += ["--gateway", net.gateway_url]  # the balance is this gateway's
     # one deposit (the CLI, one transaction) ...

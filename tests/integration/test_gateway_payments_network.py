@@ -349,11 +349,11 @@ def _planet(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_openai_client_asks_twenty_questions_with_one_key_then_402_by_name(
     net: GatewayNet, tmp_path: Path, prompt_tokens: int
 ) -> None:
-    from harness.wallets import dev_wallet
+    from node.keys import create_dev_wallet
 
     payer = net.account("openai tool")
     net.fund_balance(payer, ETHER // 10)
-    dev_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
+    create_dev_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
     per_question = PRICE * (prompt_tokens + 4)  # every answer runs to max_tokens=4
     cap_eth = str(Decimal(20 * per_question) / Decimal(ETHER))
     common = [
@@ -413,7 +413,7 @@ def test_openai_client_asks_twenty_questions_with_one_key_then_402_by_name(
     assert revoked.returncode == 0, revoked.stderr
     assert _refused(net, text)["code"] == "key_revoked"
     other = tmp_path / "other.json"
-    dev_wallet(other, "pw", os.urandom(32))
+    create_dev_wallet(other, "pw", os.urandom(32))
     foreign = _planet(
         tmp_path, "key", "revoke", key, *common[:4], "--wallet", str(other)
     )  # not the key's payer: refused locally, with a hint

@@ -37,13 +37,12 @@ from harness.connect_log import connect_logging, connected_ports
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
 from harness.relays import relays, write_relays_file
-from harness.wallets import dev_wallet
 from node.client.circuit import CircuitClient
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
 from node.client.paying import CreditPayer
 from node.client.types import Hop
-from node.keys import create_node_key
+from node.keys import create_dev_wallet, create_node_key
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.procs import Child, run_captured, spawn_logged
@@ -133,7 +132,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             home = root / f"operator-{shard}"
             home.mkdir()
             evm = keccak(text=f"paid-nodes evm {shard}")
-            accounts.append(dev_wallet(home / "wallet.json", PASSWORD, evm).address.lower())
+            accounts.append(create_dev_wallet(home / "wallet.json", PASSWORD, evm).address.lower())
             keys.append(create_node_key(home / "node_key.json", PASSWORD).verify_key.encode().hex())
             homes.append(home)
             nodes.append(
@@ -183,7 +182,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         for key in keys:  # staked (as the watchers attest a stake): routable for clients
             committee.submit(committee.validator_sign(AttestStake(key, 10**18)))
         payer = root / "payer.json"
-        dev_wallet(payer, PASSWORD, keccak(text="paid-nodes payer"))
+        create_dev_wallet(payer, PASSWORD, keccak(text="paid-nodes payer"))
         nodes_file = root / "nodes.json"
         NodesFile(
             manifest,
@@ -567,7 +566,7 @@ def _register_relay(
     from protocol.committee.relays import RegisterRelay
 
     secret = keccak(text=f"paid-nodes relay {i}")
-    wallet = dev_wallet(home / "wallet.json", PASSWORD, secret)
+    wallet = create_dev_wallet(home / "wallet.json", PASSWORD, secret)
     key = create_node_key(home / "node_key.json", PASSWORD)
     hexkey = key.verify_key.encode().hex()
     binding = sign_registration(secret, hexkey)

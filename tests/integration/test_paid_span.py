@@ -22,10 +22,9 @@ import pytest
 from eth_utils import keccak
 
 from harness.gateway_net import ephemeral_port, start_committee, wait_for
-from harness.wallets import dev_wallet
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
-from node.keys import create_node_key
+from node.keys import create_dev_wallet, create_node_key
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.procs import Child, run_captured, spawn_logged
@@ -78,7 +77,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         password.write_text(PASSWORD)
         home = root / "operator"
         home.mkdir()
-        account = dev_wallet(home / "wallet.json", PASSWORD, keccak(text="paid-span evm"))
+        account = create_dev_wallet(home / "wallet.json", PASSWORD, keccak(text="paid-span evm"))
         key = create_node_key(home / "node_key.json", PASSWORD).verify_key.encode().hex()
         node = start_node(
             manifest=manifest,
@@ -117,7 +116,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         wait_for(priced, 60, "the agent did not register the span and its prices per shard")
         committee.submit(committee.validator_sign(AttestStake(key, 10**18)))
         payer = root / "payer.json"
-        dev_wallet(payer, PASSWORD, keccak(text="paid-span payer"))
+        create_dev_wallet(payer, PASSWORD, keccak(text="paid-span payer"))
         layers = [s["layers"] for s in json.loads(manifest.read_text())["shards"]]
         nodes_file = root / "nodes.json"
         NodesFile(manifest, (NodeRef(node.url, 0, (layers[0][0], layers[1][1]), last=1),)).save(

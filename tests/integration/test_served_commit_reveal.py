@@ -28,10 +28,9 @@ import pytest
 from deploy.committee.generate import InitOptions, init_network
 from deploy.committee.processes import stop_network
 from deploy.committee.start import start_network
-from harness.wallets import dev_wallet
 from node.client.circuit import CircuitClient
 from node.client.types import Hop
-from node.keys import create_node_key
+from node.keys import create_dev_wallet, create_node_key
 from node.net import port_is_free
 from node.procs import spawn_piped
 from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
@@ -112,7 +111,7 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
 
     rpc = committee.validators[0].rpc_url
     home = tmp_path / "operator"
-    dev_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
+    create_dev_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
     manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
     spool_dir = home / "run" / "served"

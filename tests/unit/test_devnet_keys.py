@@ -22,3 +22,10 @@ def test_dev_wallet_opens_with_load_wallet_and_uses_pbkdf2(tmp_path: Path) -> No
         load_wallet(path, "wrong")
     with pytest.raises(KeyFileError):
         create_dev_wallet(path, "pw")  # never overwrites
+
+
+def test_dev_wallet_imports_a_given_key(tmp_path: Path) -> None:
+    key = bytes.fromhex("5" * 64)
+    account = create_dev_wallet(tmp_path / "wallet.json", "pw", key)
+    assert bytes(load_wallet(tmp_path / "wallet.json", "pw").key) == key
+    assert account.address == wallet_address(tmp_path / "wallet.json")
