@@ -5,21 +5,20 @@ so every shard or head load), and that module decorates three functions with `@t
 in its body: the decorator imports torch._dynamo and torch._inductor then and there, ~3.4 CPU-s
 of a bench process's ~6 for torch + transformers (measured on the 2-core CI box), though no
 bench calls those functions (they serve hqq's `forward_pytorch_compile` backend, which nodes do
-not select). `install()` puts a finder first on `sys.meta_path` that runs that one module with
-`torch.compile` swapped for `lazy`: each decorated function is compiled by the real
+not select). `install()` runs that one module's body with `torch.compile` swapped for `lazy`
+(node/import_hooks.py): each decorated function is compiled by the real
 `torch.compile`, with the same arguments, on its first call. Nothing else changes: torch.compile
 itself only compiles on the first call, so what a bench measures stays the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from node.import_hooks import around_import
 
 DEFERRED = frozenset({"hqq.core.quantize"})
 
@@ -45,41 +44,20 @@ def lazy(real: Callable[..., Any]) -> Callable[..., Any]:
     return later
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
+@contextlib.contextmanager
+def _compile_later() -> Iterator[None]:
+    """`torch.compile` is `lazy(torch.compile)` while the module's body runs."""
+    import torch
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        import torch
-
-        real = torch.compile
-        torch.compile = lazy(real)
-        try:
-            self.inner.exec_module(module)
-        finally:
-            torch.compile = real
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in DEFERRED:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
+    real = torch.compile
+    torch.compile = lazy(real)
+    try:
+        yield
+    finally:
+        torch.compile = real
 
 
 def install() -> None:
-    """Once per process; a module already imported stays as it is."""
-    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    """Once per process; a module already imported stays as it is (node/import_hooks.py)."""
+    for name in DEFERRED:
+        around_import(name, _compile_later)
