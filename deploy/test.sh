@@ -99,8 +99,8 @@ fi
 # from one queue, longest first by tests/durations.json (harness/lanes.py), until none is left;
 # each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
 # servers never meet; the devnets' memory is shared out by harness/lanes.py's gate (four lanes
-# with their devnets filled this 23 GiB machine), and each module's CPU is metered
-# (harness/cpu_meter.py: the run ends with the modules that used most). PLANET_TEST_RECORD=1
+# with their devnets filled this 23 GiB machine), and each module's CPU and memory peak are
+# metered (harness/unit_meter.py: the run ends with the modules that used most). PLANET_TEST_RECORD=1
 # rewrites tests/durations.json from the run. Without root (no namespaces) two lanes split by marker instead: `e2e`
 # (the devnets and the tests marked `e2e_lane`: the devnets' ports or network namespaces) and
 # `rest`, each on its half of the test ports (harness/ports.py). Each line says its lane; every
@@ -156,9 +156,10 @@ if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
     namespaces+=("$ns")
     ip netns exec "$ns" ip link set lo up
     names+=("lane$i")
-    # inside the namespace /sys has no cgroups: the meter reaches them through this shell's root
+    # inside the namespace /sys has no cgroups: the meter (and the zygote, for the children it
+    # forks) reaches them through this shell's root
     lane "lane$i" ip netns exec "$ns" env PLANET_LANE="$i/$count" PLANET_LANE_GATE="$lanes" \
-      PLANET_CPU_CGROUP="/proc/$$/root/sys/fs/cgroup/cpuacct" \
+      PLANET_CGROUPS="/proc/$$/root/sys/fs/cgroup" \
       PLANET_LANE_AFTER="$contracts/compiled" pytest tests -p harness.lanes &
     lane_pids+=($!)
   done
@@ -186,7 +187,7 @@ if [ "${#namespaces[@]}" -gt 0 ]; then
   python -m harness.lanes check "$lanes"/lane*.log || status=1
   stop_namespaces
   namespaces=()
-  python -m harness.cpu_meter "$lanes"
+  python -m harness.unit_meter "$lanes"
 fi
 if [ "$status" = 0 ] && [ "${PLANET_TEST_RECORD:-0}" = 1 ]; then
   python -m harness.lanes record "$lanes"/*.xml >tests/durations.json

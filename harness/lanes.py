@@ -30,9 +30,9 @@ Prerequisite: with `PLANET_LANE_AFTER=PREFIX`, a lane collects its tests, then r
 `PREFIX.ready` exists (deploy/test.sh compiles the contracts meanwhile: the devnets deploy
 them), and stops with the reason when `PREFIX.failed` does.
 
-CPU: as root, each unit runs in a cpuacct cgroup of its own (harness/cpu_meter.py), so the run
-ends with the CPU seconds of every unit, its servers and devnets included
-(`python -m harness.cpu_meter DIR`).
+CPU and memory: as root, each unit runs in cgroups of its own (harness/unit_meter.py), so the
+run ends with the CPU seconds and the memory peak of every unit, its servers and devnets
+included (`python -m harness.unit_meter DIR`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cpu_meter import CpuMeter
+from harness.unit_meter import UnitMeter
 
 DURATIONS = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 SPLIT = frozenset({"tests/integration/test_bench_smoke.py"})
@@ -78,6 +78,13 @@ PLAIN_CIRCUITS = frozenset(
     }
 )
 TOGETHER = (SHARED_DEVNET, PLAIN_CIRCUITS)
+
+
+def group_unit(group: frozenset[str]) -> str:
+    """The name of the unit a group of modules runs as."""
+    return " + ".join(sorted(group))
+
+
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
 # peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
@@ -86,8 +93,7 @@ WEIGHTS_GB = {
     "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
     "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
     # the shared devnet: 3 nodes, joiners, a moving node, Chromium
-    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py + tests/e2e/test_rebalance_devnet.py"
-    " + tests/e2e/test_second_model_devnet.py": 5.0,
+    group_unit(SHARED_DEVNET): 5.0,
     "tests/e2e/test_verifier_network.py": 5.0,  # 3 nodes, a verifier, the gateway
     "tests/e2e/test_spotcheck_network.py": 4.0,
     "tests/e2e/test_local_cli.py": 3.0,
@@ -113,7 +119,7 @@ def unit_of(nodeid: str) -> str:
         return nodeid
     for group in TOGETHER:
         if module in group:
-            return " + ".join(sorted(group))
+            return group_unit(group)
     return module
 
 
@@ -159,7 +165,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _LANE.index, _LANE.count, _LANE.total = index, count, len(items)
     _LANE.gate = Gate(Path(folder), index)
     _LANE.queue = Queue(Path(folder), index)
-    _LANE.meter = CpuMeter.open(Path(folder), index)
+    _LANE.meter = UnitMeter.open(Path(folder), index)
     _LANE.units = [
         Unit(name, grouped[name], WEIGHTS_GB.get(name, 0.0)) for name in queue_order(expected)
     ]
@@ -185,7 +191,7 @@ class _Lane:
     waited_after_s: float = 0.0  # for PLANET_LANE_AFTER's prerequisite, after collecting
     gate: Gate | None = None
     queue: Queue | None = None
-    meter: CpuMeter | None = None
+    meter: UnitMeter | None = None
     units: list[Unit] = field(default_factory=list)
 
 
@@ -235,6 +241,8 @@ def wait_for_prerequisite(prefix: Path, poll_s: float = 0.2, limit_s: float = 18
     text) when that exists instead, or after `limit_s`."""
     started = time.monotonic()
     ready, failed = Path(f"{prefix}.ready"), Path(f"{prefix}.failed")
+    if not ready.exists():  # said at once: whoever watches the run sees why the lane is idle
+        print(f"lane collected; waiting for {ready.name}", file=sys.stderr, flush=True)
     while not ready.exists():
         if failed.exists():
             reason = failed.read_text(errors="replace").strip() or "no reason given"

@@ -27,28 +27,28 @@ from pathlib import Path
 from node.zygote import cmdline, fit, netns
 from node.zygote.wire import SpawnRequest
 
-CPU_CGROUP_ENV = "PLANET_CPU_CGROUP"  # where the test lanes reach the cpuacct hierarchy
+CGROUPS_ENV = "PLANET_CGROUPS"  # where the test lanes reach the cgroup-v1 hierarchies
 # the zygote's own: a caller whose environment was cleaned of PLANET_* settings (the e2e tests'
 # `planet devnet up`) still has its children charged to its unit, not to the zygote's
-ZYGOTE_CPU_CGROUP = os.environ.get(CPU_CGROUP_ENV)
+ZYGOTE_CGROUPS = os.environ.get(CGROUPS_ENV)
 
 
 def _join_cgroups(request: SpawnRequest) -> None:
     """Join each cgroup-v1 group of the caller that differs from ours (the test lanes charge a
-    unit with what it starts: harness/cpu_meter.py). Best effort: a group we cannot write
+    unit with what it starts: harness/unit_meter.py). The hierarchies are under /sys/fs/cgroup,
+    or under $PLANET_CGROUPS (the caller's, else the zygote's) where the test lanes, in network
+    namespaces whose /sys has no cgroups, reach them. Best effort: a group we cannot write
     leaves the child where the zygote is."""
     mine = Path("/proc/self/cgroup").read_text().splitlines()
+    root = request.env.get(CGROUPS_ENV) or ZYGOTE_CGROUPS or "/sys/fs/cgroup"
     for line in request.cgroups.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3 or line in mine or not parts[1] or not parts[2].startswith("/"):
             continue
         controllers, group = parts[1], parts[2]
-        root = Path("/sys/fs/cgroup", controllers)
-        where = request.env.get(CPU_CGROUP_ENV) or ZYGOTE_CPU_CGROUP
-        if "cpuacct" in controllers.split(",") and where:
-            root = Path(where)
+        procs = Path(root, controllers, group.lstrip("/"), "cgroup.procs")
         with contextlib.suppress(OSError):
-            Path(root, group.lstrip("/"), "cgroup.procs").write_text(f"{os.getpid()}\n")
+            procs.write_text(f"{os.getpid()}\n")
 
 
 def _reset_signals(ignored: tuple[int, ...]) -> None:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cpu_meter import ROOT as ROOT_GROUPS
-from harness.cpu_meter import CpuMeter, hierarchy, report, usage
 from harness.lanes import (
     PLAIN_CIRCUITS,
     SHARED_DEVNET,
     SPLIT,
+    WEIGHTS_GB,
     Gate,
     Queue,
     Unit,
@@ -27,6 +26,8 @@ from harness.lanes import (
     record,
     unit_of,
 )
+from harness.unit_meter import CPU, MEMORY, UnitMeter, hierarchies_root, report, usage
+from harness.unit_meter import ROOT as ROOT_GROUPS
 
 pytestmark = pytest.mark.unit
 
@@ -296,7 +297,7 @@ def test_two_lane_processes_run_every_test_once_and_say_how_many(tmp_path: Path)
         logs[-1].write_text(text)
     assert check(logs) == (18, {18})
     metered = usage(gate)  # and removes the lanes' cgroups
-    if CpuMeter.open(tmp_path, 0) is not None:
+    if UnitMeter.open(tmp_path, 0) is not None:
         usage(tmp_path)
         assert sorted(metered) == [f"test_m{m}.py" for m in range(6)]
 
@@ -325,10 +326,16 @@ def test_a_lane_runs_no_test_until_its_prerequisite_is_ready(tmp_path: Path) -> 
     )
     lane = _lane(project, gate, after)
     try:
-        threading.Event().wait(3.0)  # collected by now, waiting
-        assert lane.poll() is None and not seen.exists()
+        assert lane.stdout is not None
+        before = []  # the lane's lines until it says it waits (it collects first: seconds)
+        for line in lane.stdout:
+            before.append(line)
+            if "waiting for compiled.ready" in line:
+                break
+        threading.Event().wait(1.0)  # waiting still a second later
+        assert lane.poll() is None and not seen.exists(), before
         Path(ready).touch()
-        output = lane.communicate(timeout=120)[0]
+        output = "".join(before) + lane.communicate(timeout=120)[0]
     finally:
         lane.kill()
     assert lane.returncode == 0, output
@@ -364,42 +371,80 @@ def test_a_lane_without_its_shared_folder_is_a_usage_error(tmp_path: Path) -> No
     assert done.returncode != 0 and "PLANET_LANE needs PLANET_LANE_GATE" in done.stderr
 
 
-def test_the_meter_charges_a_unit_with_the_cpu_of_what_it_started(tmp_path: Path) -> None:
+BURN = """\
+import time
+held = b"\\x01" * (256 << 20)  # written, so its pages are the process's own
+end = time.process_time() + 0.4
+while time.process_time() < end:
+    pass
+"""
+
+
+@pytest.mark.parametrize("start", ["popen", "zygote"])
+def test_the_meter_charges_a_unit_with_the_cpu_and_memory_of_what_it_started(
+    tmp_path: Path, start: str
+) -> None:
     """Real cgroups, from inside a network namespace as deploy/test.sh runs a lane (where /sys
-    has no cgroups): a lane-like process enters a unit's group and starts a child that burns
-    CPU and exits; the unit is charged with it after the child is gone. (The lane runs in a
-    process of its own so that this test's own process stays in its group.)"""
-    if CpuMeter.open(tmp_path, 0) is None:
+    has no cgroups): a lane-like process enters a unit's groups and starts a child, by Popen or
+    forked by a zygote started before the unit (as tests/conftest.py's is), that holds 256 MB,
+    burns CPU and exits; the unit is charged with both after the child is gone. (The lane runs
+    in a process of its own so that this test's own process stays in its groups.)"""
+    if UnitMeter.open(tmp_path, 0) is None:
         pytest.skip("needs root and the cgroup-v1 cpuacct hierarchy")
-    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    (tmp_path / "burn.py").write_text(BURN)
+    child = (
+        "    subprocess.run([sys.executable, '-m', 'burn'], cwd=folder, check=True, timeout=60)\n"
+        if start == "popen"
+        else "    with running(folder / 'zygote', preload='') as socket_path:\n"
+        "        os.environ['PLANET_ZYGOTE'] = str(socket_path)\n"
+        "        meter.enter('tests/unit/test_burn.py')\n"
+        "        forked = spawn([sys.executable, '-m', 'burn'], stdout=1, env=os.environ,"
+        " cwd=folder)\n"
+        "        assert forked is not None, 'the zygote did not fork it'\n"
+        "        assert forked.wait(timeout=60) == 0\n"
+    )
     lane = (
-        "import subprocess, sys\n"
+        "import os, subprocess, sys\n"
         "from pathlib import Path\n"
-        "from harness.cpu_meter import CpuMeter\n"
-        f"meter = CpuMeter.open(Path({str(tmp_path)!r}), 0)\n"
-        "meter.enter('tests/unit/test_burn.py')\n"
-        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True, timeout=60)\n"
-        "meter.leave()\n"
+        "from harness.unit_meter import UnitMeter\n"
+        "from harness.zygote import running\n"
+        "from node.zygote.client import spawn\n"
+        f"folder = Path({str(tmp_path)!r})\n"
+        "meter = UnitMeter.open(folder, 0)\n"
+        + ("meter.enter('tests/unit/test_burn.py')\n" if start == "popen" else "")
+        + "if True:\n"
+        + child
+        + "meter.leave()\n"
     )
     namespace = f"planet-meter-{os.getpid()}"
     # as deploy/test.sh passes it (or as it was passed to this test's own lane)
-    cgroups = os.environ.get("PLANET_CPU_CGROUP") or f"/proc/{os.getpid()}/root{ROOT_GROUPS}"
+    cgroups = os.environ.get("PLANET_CGROUPS") or f"/proc/{os.getpid()}/root{ROOT_GROUPS}"
     inside = subprocess.run(["ip", "netns", "add", namespace], capture_output=True).returncode == 0
     prefix = ["ip", "netns", "exec", namespace] if inside else []
+    env = {k: v for k, v in os.environ.items() if k != "PLANET_ZYGOTE"}
     try:
         done = subprocess.run(
             [*prefix, sys.executable, "-c", lane], cwd=ROOT, capture_output=True, text=True,
-            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
-                              "PLANET_CPU_CGROUP": cgroups},
+            timeout=180, env={**env, "PYTHONPATH": str(ROOT), "PLANET_CGROUPS": cgroups},
         )  # fmt: skip
     finally:
         if inside:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
     assert done.returncode == 0, done.stderr
-    seconds = usage(tmp_path)
-    assert seconds["tests/unit/test_burn.py"] >= 0.4
-    assert not (hierarchy() / f"planet-{tmp_path.name}").exists()  # removed
-    assert "tests/unit/test_burn.py" in report(seconds)
+    metered = UnitMeter.open(tmp_path, 0)
+    assert metered is not None
+    used = usage(tmp_path)
+    assert used["tests/unit/test_burn.py"].cpu_s >= 0.4
+    if MEMORY in metered.hierarchies:
+        peak = used["tests/unit/test_burn.py"].peak_gb
+        assert peak is not None and peak >= 0.25, used
+    for hierarchy in metered.hierarchies:
+        assert not (hierarchies_root() / hierarchy / f"planet-{tmp_path.name}").exists()  # removed
+    assert CPU in metered.hierarchies
+    text = report(used)
+    assert "tests/unit/test_burn.py" in text
+    if MEMORY in metered.hierarchies:
+        assert "Memory peak" in text
 
 
 @pytest.mark.parametrize(
@@ -416,3 +461,15 @@ def test_every_module_using_a_session_network_is_in_its_group(fixture: str, grou
         if re.search(rf"\b{fixture}\b", path.read_text())
     }
     assert users - set(SPLIT) <= group, sorted(users - set(SPLIT) - group)
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTS_GB), ids=lambda name: name.split("/")[-1][:48])
+def test_every_weighed_unit_is_one_the_lanes_run(name: str) -> None:
+    """A weight is looked up by the unit's name: a key that names no unit (a group listed without
+    one of its modules, a renamed file) leaves that unit unweighed, free to start beside the
+    heaviest devnets."""
+    modules = name.split(" + ")
+    for module in modules:
+        assert (ROOT / module.split("::")[0]).is_file(), module
+    nodeid = modules[0] if "::" in modules[0] else f"{modules[0]}::test_any"
+    assert unit_of(nodeid) == name
