@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+# layers per shard of the uneven 3-part fp32 set (tests/integration's plain circuits: the
+# pipeline and speculation tests), prepared with the others before the lanes (warm_models)
+UNEVEN_SPLIT = (4, 17, 9)
+
 
 def prepared_manifest(
     parts: int = 2, quant: str = "int8", split: Sequence[int] | None = None

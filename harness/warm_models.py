@@ -10,27 +10,28 @@ from __future__ import annotations
 import sys
 import time
 
-from harness.gateway_net import prepared_manifest
+from harness.shard_cache import UNEVEN_SPLIT, prepared_manifest
 from node.model.source import ensure_default_fp32
 
-# (parts, quant): every cached set that bench/, tests/ and `planet devnet up` ask for by default
-# (1, "int8"): the devnet's second model (deploy/devnet/second_model.py)
+# (parts, quant, split): every cached set that bench/, tests/ and `planet devnet up` ask for by
+# default; (1, "int8"): the devnet's second model (deploy/devnet/second_model.py)
 SHARD_SETS = (
-    (1, "int8"),
-    (2, "int8"),
-    (2, "none"),
-    (3, "int8"),
-    (3, "none"),
-    (3, "int4"),
-    (5, "none"),
+    (1, "int8", None),
+    (2, "int8", None),
+    (2, "none", None),
+    (3, "int8", None),
+    (3, "none", None),
+    (3, "none", UNEVEN_SPLIT),
+    (3, "int4", None),
+    (5, "none", None),
 )
 
 
 def main() -> int:
     started = time.monotonic()
     ensure_default_fp32(progress=lambda _m: None)
-    for parts, quant in SHARD_SETS:
-        prepared_manifest(parts=parts, quant=quant)
+    for parts, quant, split in SHARD_SETS:
+        prepared_manifest(parts=parts, quant=quant, split=split)
     print(
         f"models ready: fp32 and {len(SHARD_SETS)} shard sets ({time.monotonic() - started:.1f} s)",
         file=sys.stderr,

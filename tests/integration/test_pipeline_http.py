@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.shard_cache import prepared_manifest
+from harness.shard_cache import UNEVEN_SPLIT, prepared_manifest
 from node.client.circuit import CircuitClient
 from node.client.info import check_circuit, node_infos
 from node.client.types import Hop, Timings
@@ -58,7 +58,7 @@ CONVERSATIONS: dict[str, list[dict[str, str]]] = {
 # (3 even parts run in tests/e2e/test_local_cli.py through `planet local up` and `planet ask`)
 CIRCUITS: list[tuple[str, int, list[int] | None]] = [
     ("2p", 2, None),
-    ("3p-uneven", 3, [4, 17, 9]),
+    ("3p-uneven", 3, list(UNEVEN_SPLIT)),
     ("5p", 5, None),
 ]
 
@@ -99,7 +99,7 @@ def reference() -> dict[str, tuple[list[int], list[int]]]:
 
 
 # test_speculation_nodes runs on the uneven 3-part circuit next: kept for it (conftest.py)
-KEPT = {(3, (4, 17, 9))}
+KEPT = {(3, UNEVEN_SPLIT)}
 
 
 @pytest.fixture(scope="module", params=CIRCUITS, ids=[c[0] for c in CIRCUITS])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench._prompt_sets import heldout_prompts, repetitive_prompts
+from harness.shard_cache import UNEVEN_SPLIT
 from node.client.circuit import CircuitClient
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Hop
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 # pass (the assertion: > 1.3), the held-out one rejects 14-23 of 20-30 (whether lone-token
 # drafts pay or not); 24 tokens cost twice the passes for the same assertions
 MAX_NEW_TOKENS = 12
-SPLIT = (4, 17, 9)  # layers per node
+SPLIT = UNEVEN_SPLIT  # layers per node: 4, 17, 9
 SETS = {"heldout": heldout_prompts(), "repetitive": repetitive_prompts()}
 
 
