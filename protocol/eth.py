@@ -6,6 +6,9 @@
 Plain decimal digits only (`12`, `0.5`, `.5`; no sign, exponent, `_`, spaces inside or non-ASCII
 digits), at most 18 decimals (a whole number of wei), positive, at most `max_wei`. Integer
 arithmetic throughout: no Decimal context to overflow or round.
+
+And `NONCE_TAKEN`: how an EVM node refuses a transaction whose nonce another send from the same
+account took, for every sender that sends again (node.chain.evm.sender, `planet devnet fund`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import re
 from protocol.errors import UsageError
 
 WEI_PER_ETH = 10**18
+# an EVM node's refusal of a transaction whose nonce another send of the account took: it never
+# entered the pool, so sending it again (with the next nonce) cannot pay twice
+NONCE_TAKEN = ("nonce too low", "replacement transaction underpriced")
 MAX_UINT128 = (1 << 128) - 1  # what the escrow and staking contracts keep an amount in
 _AMOUNT = re.compile(r"(?P<whole>[0-9]*)(?:\.(?P<fraction>[0-9]*))?")
 MAX_CHARS = 60

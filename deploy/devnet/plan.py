@@ -148,7 +148,8 @@ def write_state(directory: Path, state: dict[str, Any]) -> None:
 @contextmanager
 def state_lock(directory: Path) -> Iterator[None]:
     """Hold the devnet.json lock (an flock on devnet.json.lock) around a read-modify-write of
-    the state by a command that may run beside others of its kind (`planet devnet fund`)."""
+    the state by a command that may run beside others of its kind (`planet devnet fund`, which
+    also sends its transfer under it: deploy/devnet/fund.py `_send`)."""
     with (directory / (STATE_FILE + ".lock")).open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -33,11 +33,11 @@ from node.chain.evm.errors import ContractRevert, RevertDecoder, revert_data, rp
 from node.chain.evm.rpc import connect, rpc_guard
 from protocol.eip712 import ModelRegistration, PayoutRoot
 from protocol.errors import ConfigError
+from protocol.eth import NONCE_TAKEN
 
 T = TypeVar("T")
 TIP_REFRESH_S = 60.0
 NONCE_TRIES = 5  # sends of one transaction whose nonce another sender of the account took
-NONCE_TAKEN = ("nonce too low", "replacement transaction underpriced")
 
 
 @dataclass(frozen=True)
