@@ -178,7 +178,10 @@ class VerifierWorker:
         self.signer = link.key.verify_key.encode().hex()
         self.seeds = SeedBook(settings.home / "verifier" / "seeds.json")
         self.state: EpochState | None = None
-        self.last_scores: dict[str, int] = {}  # the previous epoch's attribution
+        # each node's latest score from this verifier (the epoch's attribution, kept for nodes
+        # not scored since: an untrusted node is no longer routed to, yet its vote may still
+        # wait for the chain's window to agree)
+        self.last_scores: dict[str, int] = {}
         self.voted: set[str] = set()
         self.verdicts_disabled = settings.operator_key is None
         self.sampled_map = SampledMap()
@@ -305,7 +308,7 @@ class VerifierWorker:
         carried: list[CircuitScore] = []
         speeds = EpochSpeeds(epoch)
         if self.state is not None:
-            self.last_scores = dict(self.state.scores)
+            self.last_scores.update(self.state.scores)
             carried = unresolved(self.state.results)  # its own results only: carried once
             speeds = self.state.speeds.carry(epoch)  # the timed answers still in the window
         self.state = EpochState(epoch, carried=carried, speeds=speeds)

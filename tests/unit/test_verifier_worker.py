@@ -168,6 +168,36 @@ async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_pa
     assert sum(isinstance(b, VerdictVote) for b in link.sent) == 1  # once per node
 
 
+async def test_a_vote_waits_for_the_chain_to_agree_even_after_the_node_is_no_longer_asked(
+    tmp_path,
+) -> None:
+    """The verifier scored S at 0 in epoch 4, but the chain had not yet agreed by epoch 5's turn
+    (its window still empty there: a slow committee). S, untrusted, is unroutable from then on,
+    so epoch 5 scores only A and B; once the chain's window holds S's 0, epoch 6's turn votes
+    on the verifier's latest own score of S, not on the previous epoch's alone (where S is
+    missing: the old code never voted, and the substitute kept its stake)."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await _step(worker)
+    link.epoch = 4
+    for _ in range(5):
+        await _step(worker)
+    assert worker.state is not None and worker.state.scores[S] == 0
+    link.epoch = 5
+    await _step(worker)  # epoch 5's turn: nothing agreed on chain yet
+    assert not any(isinstance(b, VerdictVote) for b in link.sent)
+    worker.state.scores = {A: 1_000_000, B: 1_000_000}  # S no longer routed to
+    link.reputations = {S: {"window": [0], "last_epoch": 4}}
+    link.epoch = 6
+    await worker.open_epoch(6)
+    await worker.settle()
+    [vote] = [b for b in link.sent if isinstance(b, VerdictVote)]
+    expected = failed_verification_verdict(
+        "0x" + "44" * 20, S, 4, "0x" + "33" * 20, "0x" + "22" * 20
+    )
+    assert vote.evidence_hash == "0x" + expected.evidence_hash.hex()
+
+
 async def test_a_worker_of_zero_challenges_asks_nothing_and_still_turns_its_seeds(
     tmp_path,
 ) -> None:
