@@ -124,6 +124,17 @@ def _worker(tmp_path, link: FakeLink, challenges: int = 4) -> VerifierWorker:
     return VerifierWorker(settings, FakeReference(), CredibilityMap(8050, 16963), FakeAsker(), link)
 
 
+async def _scored_through_epoch_4(tmp_path) -> tuple[FakeLink, VerifierWorker]:
+    """A worker that committed its seed in epoch 3 and asked all of epoch 4's challenges."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await _step(worker)
+    link.epoch = 4
+    for _ in range(5):
+        await _step(worker)
+    return link, worker
+
+
 async def test_worker_commits_next_seed_and_skips_an_epoch_without_its_own_seed(tmp_path) -> None:
     link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
@@ -136,12 +147,7 @@ async def test_worker_commits_next_seed_and_skips_an_epoch_without_its_own_seed(
 
 
 async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_path) -> None:
-    link = FakeLink(epoch=3)
-    worker = _worker(tmp_path, link)
-    await _step(worker)
-    link.epoch = 4
-    for _ in range(5):
-        await _step(worker)
+    link, worker = await _scored_through_epoch_4(tmp_path)
     report = json.loads((tmp_path / SCORES_FILE).read_text())
     assert report["epoch"] == 4
     assert report["scores"] == {A: 1_000_000, B: 1_000_000, S: 0}
@@ -176,12 +182,7 @@ async def test_a_vote_waits_for_the_chain_to_agree_even_after_the_node_is_no_lon
     so epoch 5 scores only A and B; once the chain's window holds S's 0, epoch 6's turn votes
     on the verifier's latest own score of S, not on the previous epoch's alone (where S is
     missing: the old code never voted, and the substitute kept its stake)."""
-    link = FakeLink(epoch=3)
-    worker = _worker(tmp_path, link)
-    await _step(worker)
-    link.epoch = 4
-    for _ in range(5):
-        await _step(worker)
+    link, worker = await _scored_through_epoch_4(tmp_path)
     assert worker.state is not None and worker.state.scores[S] == 0
     link.epoch = 5
     await _step(worker)  # epoch 5's turn: nothing agreed on chain yet
