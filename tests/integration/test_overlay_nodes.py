@@ -35,6 +35,7 @@ from aiohttp import web
 from nacl.public import PrivateKey
 
 from harness.connect_log import connect_logging, connected_ports
+from harness.gateway_net import wait_for
 from harness.ports import ephemeral_port
 from harness.relays import RelayProcess, write_relays_file
 from harness.relays import relays as started_relays
@@ -130,7 +131,10 @@ def test_the_overlay_answers_like_direct_links(circuit, direct, relays) -> None:
     assert all(link.cells_sent >= 4 for link in links)  # one cell per path per message at least
     for relay in relays:  # every relay carried cells and holds no path any more
         info = relay.info()
-        assert info["cells_forwarded"] > 0 and info["paths"] == 0, info
+        assert info["cells_forwarded"] > 0, info
+        # a path goes when the link's close reaches the relay, after the answer: under the
+        # lanes' load one relay still held its path when read at once
+        wait_for(lambda r=relay: r.info()["paths"] == 0, 15, f"{relay.url} still holds a path")
 
 
 def test_a_relay_killed_mid_answer_changes_nothing(circuit, direct, relays, tmp_path) -> None:
