@@ -20,12 +20,11 @@ Units:
 deploy/test.sh runs each lane in its own network namespace, so the lanes' servers, devnets and
 fixed ports never meet.
 
-Memory: the heaviest units hold 2-3 GB at their peak (a devnet with 4 verifiers and 6 nodes:
-3.1 GB beyond what their zygote shares), as harness/unit_meter.py measures each unit's peak in
-every run that meters; on a smaller machine they must not all start at once. Units listed in
-`WEIGHTS_GB` take their weight from one budget shared by the lanes (`DIR/gate.json`) before
-their first test and give it back after their last. A lane takes the longest unit that fits
-the budget now, and waits (and says how long at the end) only when no unit left fits.
+Memory: a python process that imports torch (the CUDA build) holds ~300 MB of its own before it
+loads a weight, so a devnet with verifiers holds 10+ GB. Units listed in `WEIGHTS_GB` take their
+weight from one budget shared by the lanes (`DIR/gate.json`) before their first test and give it
+back after their last. A lane takes the longest unit that fits the budget now, and waits (and
+says how long at the end) only when no unit left fits.
 
 Prerequisite: with `PLANET_LANE_AFTER=PREFIX`, a lane collects its tests, then runs none until
 `PREFIX.ready` exists (deploy/test.sh compiles the contracts meanwhile: the devnets deploy
@@ -88,19 +87,20 @@ def group_unit(group: frozenset[str]) -> str:
 
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
-# GB a unit may hold at its peak: the units measured above 2 GB (harness/unit_meter.py's
-# memory peaks of a clean clone's run, 2-core 23 GiB machine, 2026-12-07: verification devnet
-# 3.10, plain circuits 2.73, hosts devnet 2.20, shared devnet 2.12; every other unit 1.8 or
-# less), with a quarter more and rounded up to 0.5 GB; the units not listed are taken as
-# fitting beside them (RESERVED_GB). The old guesses (12, 9, 5 GB ...) kept the verification
-# and hosts devnets apart on a machine where together they held a quarter of its memory.
+# peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
+# on this machine's runs; every other unit is taken as fitting beside them
 WEIGHTS_GB = {
-    "tests/e2e/test_verification_devnet.py": 4.0,  # 4 verifiers, 6 nodes, the gateway
-    group_unit(PLAIN_CIRCUITS): 3.5,  # fp32 circuits of 2, 3 and 5 nodes, one at a time
-    "tests/e2e/test_devnet_hosts.py": 3.0,  # 4 verifiers, 3 nodes, the gateway
-    group_unit(SHARED_DEVNET): 3.0,  # 3 nodes, joiners, a moving node, Chromium
+    "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
+    "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
+    # the shared devnet: 3 nodes, joiners, a moving node, Chromium
+    group_unit(SHARED_DEVNET): 5.0,
+    "tests/e2e/test_verifier_network.py": 5.0,  # 3 nodes, a verifier, the gateway
+    "tests/e2e/test_spotcheck_network.py": 4.0,
+    "tests/e2e/test_local_cli.py": 3.0,
+    "tests/integration/test_bench_smoke.py::"
+    "test_bench_quick_run_prints_one_benchmark_object[resilience]": 8.0,  # 9 nodes
 }
-RESERVED_GB = 9.0  # the lanes' own pytest processes and the units not weighed (1.8 GB each at most)
+RESERVED_GB = 9.0  # the lanes' own pytest processes and the units not weighed
 SPARE_GB = 2.0  # free beyond a unit's weight before it starts
 WAIT_S = 900.0  # after this long a unit starts when the budget fits it, whatever is free
 
