@@ -20,8 +20,8 @@ Units:
 deploy/test.sh runs each lane in its own network namespace, so the lanes' servers, devnets and
 fixed ports never meet.
 
-Memory: a python process that imports torch (the CUDA build) holds ~300 MB of its own before it
-loads a weight, so a devnet with verifiers holds 10+ GB. Units listed in `WEIGHTS_GB` take their
+Memory: the heaviest units hold 2-4 GB at their peak beyond what their zygote shares
+(harness/unit_meter.py measures it in every metered run). Units listed in `WEIGHTS_GB` take their
 weight from one budget shared by the lanes (`DIR/gate.json`) before their first test and give it
 back after their last. A lane takes the longest unit that fits the budget now, and waits (and
 says how long at the end) only when no unit left fits.
@@ -87,8 +87,15 @@ def group_unit(group: frozenset[str]) -> str:
 
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
-# peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
-# on this machine's runs; every other unit is taken as fitting beside them
+# GB a unit takes from the budget; every other unit is taken as fitting beside them. These are
+# well above what the units hold: harness/unit_meter.py's peaks (clean clones, 2-core 23 GiB
+# machine, 2026-12-07) were 3.1-3.9 GB for the verification devnet, 2.0-2.2 for the hosts and
+# shared devnets, under 0.8 for the rest here, 1.8-2.0 at most for any unit not listed. They
+# are kept so because they also keep the verification and hosts devnets apart (12 + 9 GB do
+# not fit a 23 GiB machine's budget): weights from the peaks (4, 3, 3 GB) let the three
+# devnets start together, and that run took 1,151 s against 1,032 with these (its units 1,960
+# CPU-s against 1,744: a devnet costs CPU for as long as it runs, and contention stretches it),
+# one run each.
 WEIGHTS_GB = {
     "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
     "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
