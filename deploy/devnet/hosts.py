@@ -90,6 +90,7 @@ NAT_LAN = "10.78.{}.0/30"  # nat<i>'s private LAN behind router<i>
 KEEPER_MODULE = "deploy.devnet.keeper"
 KEEPER_READY_S = 60.0
 KEEPER_STOP_S = 20.0
+KEEPER_KILL_S = 10.0  # after SIGKILL: gone once the kernel has torn it down
 MAX_OPERATOR_HOSTS = 8
 MAX_LINK_MS = 10_000
 
@@ -320,14 +321,16 @@ def stop_lab(state: Mapping[str, Any]) -> list[str]:
     stopped = []
     pid = lab.get("pid")
     if ours(pid, KEEPER_MODULE):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGTERM)
-        deadline = time.monotonic() + KEEPER_STOP_S
-        while ours(pid, KEEPER_MODULE) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if ours(pid, KEEPER_MODULE):
+        # waited for until gone (`exited`), not while `ours`: an exiting process's command line
+        # is empty for a while before it is gone, and `devnet down` returned with it still there
+        for sig, wait_s in ((signal.SIGTERM, KEEPER_STOP_S), (signal.SIGKILL, KEEPER_KILL_S)):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(pid), sig)
+            deadline = time.monotonic() + wait_s
+            while not exited(int(pid), KEEPER_MODULE) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if exited(int(pid), KEEPER_MODULE):
+                break
         stopped.append("hosts")
     run_id = lab.get("run_id")
     if run_id and run_id in leftovers():
