@@ -659,8 +659,10 @@ def ask_relays_question(env, devnet, relays, user_credits) -> dict[str, Any]:
             QUESTION, timeout=300,
         )  # fmt: skip
     assert asked.returncode == 0, asked.stderr[-3000:]
+    # stderr: the client's own account of its paths (a failed or silent one, relays avoided)
     return {"answer": json.loads(asked.stdout), "flows": capture.flows(),
-            "frames": capture.frames, "addresses": addresses}  # fmt: skip
+            "frames": capture.frames, "addresses": addresses,
+            "stderr": asked.stderr[-4000:]}  # fmt: skip
 
 
 def _peers(flows: dict[Any, bytes], address: str) -> set[str]:
@@ -707,7 +709,11 @@ def test_hosts_ask_over_relays_user_talks_only_to_relays_and_no_node_sees_the_us
     entries = {relay for relay in relay_hosts if user in _peers(flows, relay)}
     exits = {relay for relay in relay_hosts if _peers(flows, relay) & node_hosts}
     print(f"ask --relays: entries {sorted(entries)}, exits {sorted(exits)}")
-    assert len(entries) == 3 and len(exits) == 3 and not entries & exits, (entries, exits)
+    assert len(entries) == 3 and len(exits) == 3 and not entries & exits, (
+        entries,
+        exits,
+        ask_relays_question["stderr"],
+    )
     for relay in relay_hosts:
         seen = _peers(flows, relay)
         print(f"{relay}'s peers: {sorted(seen)}")
