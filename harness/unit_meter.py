@@ -27,8 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# $PLANET_CGROUPS: another place to reach the hierarchies (the zygote's children join there too)
+from node.zygote.child import CGROUPS_ENV
+
 ROOT = Path("/sys/fs/cgroup")  # where the v1 hierarchies are mounted, one folder each
-CGROUPS_ENV = "PLANET_CGROUPS"  # another place to reach them (node/zygote/child.py reads it too)
 CPU, MEMORY = "cpuacct", "memory"
 TOP = 20
 GB = 2**30
