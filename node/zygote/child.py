@@ -46,6 +46,8 @@ def _join_cgroups(request: SpawnRequest) -> None:
         if len(parts) != 3 or line in mine or not parts[1] or not parts[2].startswith("/"):
             continue
         controllers, group = parts[1], parts[2]
+        if ".." in Path(group).parts or "/" in controllers:
+            continue  # a group inside its hierarchy only (the caller's text, not its cgroups)
         procs = Path(root, controllers, group.lstrip("/"), "cgroup.procs")
         with contextlib.suppress(OSError):
             procs.write_text(f"{os.getpid()}\n")
