@@ -247,8 +247,8 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(fixture);
       const fees = [FEE_CAP, 1n];
       const s = await statement(env, 5n, [{ account: env.op1.address, amount: FEE_CAP + 1n }], [env.q1, env.q2], fees);
-      const tx = post(env, s);
-      const claimableAt = BigInt(await time.latest()) + 1n + h.DEFAULTS.challengeWindow;
+      const tx = await post(env, s);
+      const claimableAt = (await h.blockTime(tx)) + h.DEFAULTS.challengeWindow;
       await expect(tx).to.emit(env.escrow, "PayoutRootPosted").withArgs(5n, s.tree.root, FEE_CAP + 1n, s.qh, claimableAt);
       expect(await env.escrow.isFunded(env.q1)).to.equal(false);
       expect((await env.escrow.depositOf(env.q1)).amount).to.equal(0n);

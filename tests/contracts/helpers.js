@@ -66,6 +66,14 @@ const TYPES = {
 const coder = ethers.AbiCoder.defaultAbiCoder();
 
 /** n deterministic wallets (not connected), sorted by ascending address. */
+// The time of the block that mined `tx` (a sent transaction): what a contract saw as
+// block.timestamp. The latest block's time plus one is not: the next block may be later still
+// (Hardhat takes the wall clock), and a transaction sent before reading it may already be mined.
+async function blockTime(tx) {
+  const mined = await tx.wait();
+  return BigInt((await ethers.provider.getBlock(mined.blockNumber)).timestamp);
+}
+
 function wallets(n, seed = "planet-committee") {
   const out = [];
   for (let i = 0; i < n; i++) out.push(new ethers.Wallet(ethers.id(`${seed}/${i}`)));
@@ -217,6 +225,7 @@ async function deployAll(opts = {}) {
 }
 
 module.exports = {
+  blockTime,
   ONE,
   BURN_ADDRESS,
   Role,

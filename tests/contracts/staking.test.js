@@ -122,8 +122,8 @@ describe("Staking", function () {
     it("withdraw_afterDelay_paysAndClears", async function () {
       const { staking, node } = await loadFixture(fixture);
       await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
-      const tx = staking.connect(node).requestUnstake();
-      const now = BigInt(await time.latest()) + 1n;
+      const tx = await staking.connect(node).requestUnstake();
+      const now = await h.blockTime(tx);
       await expect(tx).to.emit(staking, "UnstakeRequested").withArgs(node.address, h.ONE, now + h.DEFAULTS.unstakeDelay);
       expect(await staking.statusOf(node.address)).to.equal(2n);
       expect(await staking.isEligible(node.address)).to.equal(false);
